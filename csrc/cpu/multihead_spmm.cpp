@@ -1,0 +1,302 @@
+// CPU kernels of the multihead_spmm family: rows in parallel (at::parallel_for),
+// all heads of an edge together, float32 accumulation for half types. Every
+// index is bounds-checked, so malformed graphs raise instead of reading out of
+// bounds.
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "../checks.h"
+
+namespace pyg_multihead_agg {
+namespace {
+
+// Rows per task: about 32K multiply-adds per chunk.
+int64_t grain_size(int64_t num_rows, int64_t edges, int64_t row_width) {
+  const int64_t per_row = std::max<int64_t>(1, (edges / std::max<int64_t>(num_rows, 1)) * row_width);
+  return std::max<int64_t>(1, 32768 / per_row);
+}
+
+template <typename index_t>
+void check_range(index_t begin, index_t end, int64_t num_edges, const char* ptr_name, int64_t i) {
+  TORCH_CHECK(0 <= begin && begin <= end && end <= num_edges, ptr_name,
+              " must be non-decreasing with values in [0, ", num_edges, "], got ", ptr_name, "[", i,
+              "] = ", begin, " and ", ptr_name, "[", i + 1, "] = ", end);
+}
+
+// The first and last pointer must frame all `num_edges` entries, so that every
+// edge belongs to a row and no output is left unwritten.
+template <typename index_t>
+void check_ends(const index_t* ptr, int64_t num_rows, int64_t num_edges, const char* ptr_name,
+                const char* idx_name) {
+  TORCH_CHECK(ptr[0] == 0 && ptr[num_rows] == num_edges, ptr_name, " must start at 0 and end at ",
+              idx_name, ".numel() (", num_edges, "), got ", ptr_name, "[0] = ", ptr[0], " and ",
+              ptr_name, "[-1] = ", ptr[num_rows]);
+}
+
+template <typename index_t>
+void check_index_value(index_t v, int64_t bound, const char* name, int64_t e) {
+  TORCH_CHECK(0 <= v && v < bound, name, "[", e, "] = ", v, " is out of range [0, ", bound, ")");
+}
+
+at::Tensor multihead_spmm_cpu(const at::Tensor& rowptr, const at::Tensor& col,
+                              const at::Tensor& weight, const at::Tensor& x,
+                              const std::optional<at::Tensor>& /*colptr*/,
+                              const std::optional<at::Tensor>& /*row*/,
+                              const std::optional<at::Tensor>& /*perm*/) {
+  check_spmm(rowptr, col, weight, x);
+  TORCH_CHECK(x.device().is_cpu(), "x must be a CPU tensor for the CPU kernel");
+  const auto rowptr_c = rowptr.contiguous();
+  const auto col_c = col.contiguous();
+  const auto weight_c = weight.contiguous();
+  const auto x_c = x.contiguous();
+  const int64_t N_dst = rowptr.numel() - 1, N_src = x.size(0), H = x.size(1), D = x.size(2);
+  const int64_t E = col.numel(), HD = H * D;
+  auto out = at::empty({N_dst, H, D}, x.options());
+  if (out.numel() == 0) return out;
+
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "multihead_spmm_cpu", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "multihead_spmm_cpu_index", [&] {
+      const index_t* rp = rowptr_c.data_ptr<index_t>();
+      const index_t* cp = col_c.data_ptr<index_t>();
+      const scalar_t* wp = weight_c.data_ptr<scalar_t>();
+      const scalar_t* xp = x_c.data_ptr<scalar_t>();
+      scalar_t* op = out.data_ptr<scalar_t>();
+      check_ends(rp, N_dst, E, "rowptr", "col");
+      at::parallel_for(0, N_dst, grain_size(N_dst, E, HD), [&](int64_t begin, int64_t end) {
+        std::vector<acc_t> acc(HD);
+        for (int64_t i = begin; i < end; ++i) {
+          std::fill(acc.begin(), acc.end(), acc_t(0));
+          const index_t lo = rp[i], hi = rp[i + 1];
+          check_range(lo, hi, E, "rowptr", i);
+          for (int64_t e = lo; e < hi; ++e) {
+            const index_t j = cp[e];
+            check_index_value(j, N_src, "col", e);
+            const scalar_t* xr = xp + j * HD;
+            for (int64_t h = 0; h < H; ++h) {
+              const acc_t w = static_cast<acc_t>(wp[e * H + h]);
+              acc_t* a = acc.data() + h * D;
+              const scalar_t* xh = xr + h * D;
+              for (int64_t d = 0; d < D; ++d) a[d] += w * static_cast<acc_t>(xh[d]);
+            }
+          }
+          scalar_t* o = op + i * HD;
+          for (int64_t f = 0; f < HD; ++f) o[f] = static_cast<scalar_t>(acc[f]);
+        }
+      });
+    });
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> multihead_spmm_backward_csc_cpu(
+    const at::Tensor& colptr, const at::Tensor& row, const at::Tensor& perm,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& x,
+    const at::Tensor& grad_out) {
+  const int64_t N_src = check_compressed(colptr, "colptr", row, "row");
+  check_index(perm, "perm");
+  check_same_dtype(perm, "perm", row, "row");
+  check_same_device(perm, "perm", row, "row");
+  check_value(grad_out, "grad_out", 3);
+  check_same_device(colptr, "colptr", grad_out, "grad_out");
+  const int64_t E = row.numel(), N_dst = grad_out.size(0), H = grad_out.size(1), D = grad_out.size(2);
+  const int64_t HD = H * D;
+  TORCH_CHECK(perm.numel() == E, "perm must have one entry per edge: perm.numel() (", perm.numel(),
+              ") != row.numel() (", E, ")");
+  const bool need_grad_x = weight.has_value(), need_grad_weight = x.has_value();
+  at::Tensor weight_c, x_c;
+  if (need_grad_x) {
+    check_value(*weight, "weight", 2);
+    check_same_dtype(*weight, "weight", grad_out, "grad_out");
+    check_same_device(*weight, "weight", grad_out, "grad_out");
+    TORCH_CHECK(weight->size(0) == E && weight->size(1) == H, "weight must have shape [", E, ", ",
+                H, "] (edges, heads), got ", weight->sizes());
+    weight_c = weight->contiguous();
+  }
+  if (need_grad_weight) {
+    check_value(*x, "x", 3);
+    check_same_dtype(*x, "x", grad_out, "grad_out");
+    check_same_device(*x, "x", grad_out, "grad_out");
+    TORCH_CHECK(x->size(0) == N_src && x->size(1) == H && x->size(2) == D, "x must have shape [",
+                N_src, ", ", H, ", ", D, "] (colptr.numel() - 1, heads, channels), got ", x->sizes());
+    x_c = x->contiguous();
+  }
+  const auto colptr_c = colptr.contiguous(), row_c = row.contiguous(), perm_c = perm.contiguous();
+  const auto go = grad_out.contiguous();
+  auto grad_x = at::empty({need_grad_x ? N_src : 0, H, D}, grad_out.options());
+  // Zero-filled: if perm is not a permutation, unvisited edges read 0, not garbage.
+  auto grad_weight = at::zeros({need_grad_weight ? E : 0, H}, grad_out.options());
+  if ((!need_grad_x && !need_grad_weight) || HD == 0) return {grad_x, grad_weight};
+
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, go.scalar_type(), "multihead_spmm_backward_csc_cpu", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    AT_DISPATCH_INDEX_TYPES(colptr.scalar_type(), "multihead_spmm_backward_csc_cpu_index", [&] {
+      const index_t* cp = colptr_c.data_ptr<index_t>();
+      const index_t* rp = row_c.data_ptr<index_t>();
+      const index_t* pp = perm_c.data_ptr<index_t>();
+      const scalar_t* gp = go.data_ptr<scalar_t>();
+      const scalar_t* wp = need_grad_x ? weight_c.data_ptr<scalar_t>() : nullptr;
+      const scalar_t* xp = need_grad_weight ? x_c.data_ptr<scalar_t>() : nullptr;
+      scalar_t* gxp = need_grad_x ? grad_x.data_ptr<scalar_t>() : nullptr;
+      scalar_t* gwp = need_grad_weight ? grad_weight.data_ptr<scalar_t>() : nullptr;
+      check_ends(cp, N_src, E, "colptr", "row");
+      at::parallel_for(0, N_src, grain_size(N_src, E, HD), [&](int64_t begin, int64_t end) {
+        std::vector<acc_t> acc(HD);
+        for (int64_t j = begin; j < end; ++j) {
+          std::fill(acc.begin(), acc.end(), acc_t(0));
+          const index_t lo = cp[j], hi = cp[j + 1];
+          check_range(lo, hi, E, "colptr", j);
+          for (int64_t k = lo; k < hi; ++k) {
+            const index_t i = rp[k], e = pp[k];
+            check_index_value(i, N_dst, "row", k);
+            check_index_value(e, E, "perm", k);
+            const scalar_t* g = gp + i * HD;
+            for (int64_t h = 0; h < H; ++h) {
+              const scalar_t* gh = g + h * D;
+              if (need_grad_x) {
+                const acc_t w = static_cast<acc_t>(wp[e * H + h]);
+                acc_t* a = acc.data() + h * D;
+                for (int64_t d = 0; d < D; ++d) a[d] += w * static_cast<acc_t>(gh[d]);
+              }
+              if (need_grad_weight) {
+                const scalar_t* xh = xp + j * HD + h * D;
+                acc_t dot = 0;
+                for (int64_t d = 0; d < D; ++d) dot += static_cast<acc_t>(gh[d]) * static_cast<acc_t>(xh[d]);
+                gwp[e * H + h] = static_cast<scalar_t>(dot);
+              }
+            }
+          }
+          if (need_grad_x) {
+            scalar_t* o = gxp + j * HD;
+            for (int64_t f = 0; f < HD; ++f) o[f] = static_cast<scalar_t>(acc[f]);
+          }
+        }
+      });
+    });
+  });
+  return {grad_x, grad_weight};
+}
+
+at::Tensor multihead_spmm_backward_x_scatter_cpu(const at::Tensor& rowptr, const at::Tensor& col,
+                                                 const at::Tensor& weight,
+                                                 const at::Tensor& grad_out, int64_t num_src) {
+  check_compressed(rowptr, "rowptr", col, "col");
+  check_value(weight, "weight", 2);
+  check_value(grad_out, "grad_out", 3);
+  check_same_dtype(weight, "weight", grad_out, "grad_out");
+  check_same_device(rowptr, "rowptr", grad_out, "grad_out");
+  check_same_device(weight, "weight", grad_out, "grad_out");
+  const int64_t N_dst = rowptr.numel() - 1, E = col.numel();
+  const int64_t H = grad_out.size(1), D = grad_out.size(2), HD = H * D;
+  TORCH_CHECK(num_src >= 0, "num_src must be non-negative, got ", num_src);
+  TORCH_CHECK(grad_out.size(0) == N_dst, "grad_out.size(0) (", grad_out.size(0),
+              ") must equal rowptr.numel() - 1 (", N_dst, ")");
+  TORCH_CHECK(weight.size(0) == E && weight.size(1) == H, "weight must have shape [", E, ", ", H,
+              "] (edges, heads), got ", weight.sizes());
+  const auto rowptr_c = rowptr.contiguous(), col_c = col.contiguous();
+  const auto weight_c = weight.contiguous(), go = grad_out.contiguous();
+  auto acc_dtype = at::toOpMathType(grad_out.scalar_type());
+  auto acc = at::zeros({num_src, H, D}, grad_out.options().dtype(acc_dtype));
+  if (acc.numel() == 0 || E == 0) return acc.to(grad_out.scalar_type());
+
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, go.scalar_type(), "multihead_spmm_backward_x_scatter_cpu", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "multihead_spmm_backward_x_scatter_cpu_index", [&] {
+      const index_t* rp = rowptr_c.data_ptr<index_t>();
+      const index_t* cp = col_c.data_ptr<index_t>();
+      const scalar_t* wp = weight_c.data_ptr<scalar_t>();
+      const scalar_t* gp = go.data_ptr<scalar_t>();
+      acc_t* ap = acc.data_ptr<acc_t>();
+      check_ends(rp, N_dst, E, "rowptr", "col");
+      // Heads are independent: threads split them, so no two threads write
+      // the same element and the sum order is fixed (deterministic).
+      at::parallel_for(0, H, 1, [&](int64_t h_begin, int64_t h_end) {
+        for (int64_t i = 0; i < N_dst; ++i) {
+          const index_t lo = rp[i], hi = rp[i + 1];
+          check_range(lo, hi, E, "rowptr", i);
+          for (int64_t e = lo; e < hi; ++e) {
+            const index_t j = cp[e];
+            check_index_value(j, num_src, "col", e);
+            for (int64_t h = h_begin; h < h_end; ++h) {
+              const acc_t w = static_cast<acc_t>(wp[e * H + h]);
+              const scalar_t* g = gp + i * HD + h * D;
+              acc_t* a = ap + j * HD + h * D;
+              for (int64_t d = 0; d < D; ++d) a[d] += w * static_cast<acc_t>(g[d]);
+            }
+          }
+        }
+      });
+    });
+  });
+  return acc.to(grad_out.scalar_type());
+}
+
+at::Tensor multihead_sddmm_cpu(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& a,
+                               const at::Tensor& b) {
+  check_compressed(rowptr, "rowptr", col, "col");
+  check_value(a, "a", 3);
+  check_value(b, "b", 3);
+  check_same_dtype(a, "a", b, "b");
+  check_same_device(rowptr, "rowptr", a, "a");
+  check_same_device(a, "a", b, "b");
+  const int64_t N_dst = rowptr.numel() - 1, E = col.numel();
+  const int64_t N_src = b.size(0), H = a.size(1), D = a.size(2), HD = H * D;
+  TORCH_CHECK(a.size(0) == N_dst, "a.size(0) (", a.size(0), ") must equal rowptr.numel() - 1 (",
+              N_dst, ")");
+  TORCH_CHECK(b.size(1) == H && b.size(2) == D, "a and b must agree in heads and channels, got ",
+              a.sizes(), " and ", b.sizes());
+  const auto rowptr_c = rowptr.contiguous(), col_c = col.contiguous();
+  const auto a_c = a.contiguous(), b_c = b.contiguous();
+  auto out = at::empty({E, H}, a.options());
+  if (out.numel() == 0) return out;
+
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.scalar_type(), "multihead_sddmm_cpu", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "multihead_sddmm_cpu_index", [&] {
+      const index_t* rp = rowptr_c.data_ptr<index_t>();
+      const index_t* cp = col_c.data_ptr<index_t>();
+      const scalar_t* ap = a_c.data_ptr<scalar_t>();
+      const scalar_t* bp = b_c.data_ptr<scalar_t>();
+      scalar_t* op = out.data_ptr<scalar_t>();
+      check_ends(rp, N_dst, E, "rowptr", "col");
+      at::parallel_for(0, N_dst, grain_size(N_dst, E, HD), [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          const index_t lo = rp[i], hi = rp[i + 1];
+          check_range(lo, hi, E, "rowptr", i);
+          const scalar_t* ar = ap + i * HD;
+          for (int64_t e = lo; e < hi; ++e) {
+            const index_t j = cp[e];
+            check_index_value(j, N_src, "col", e);
+            const scalar_t* br = bp + j * HD;
+            for (int64_t h = 0; h < H; ++h) {
+              acc_t dot = 0;
+              for (int64_t d = 0; d < D; ++d)
+                dot += static_cast<acc_t>(ar[h * D + d]) * static_cast<acc_t>(br[h * D + d]);
+              op[e * H + h] = static_cast<scalar_t>(dot);
+            }
+          }
+        }
+      });
+    });
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(pyg_multihead_agg, CPU, m) {
+  m.impl("multihead_spmm", &multihead_spmm_cpu);
+  m.impl("multihead_spmm_backward_csc", &multihead_spmm_backward_csc_cpu);
+  m.impl("multihead_spmm_backward_x_scatter", &multihead_spmm_backward_x_scatter_cpu);
+  m.impl("multihead_sddmm", &multihead_sddmm_cpu);
+}
+
+}  // namespace pyg_multihead_agg

@@ -1,0 +1,39 @@
+// Every schema of the library, and nothing else. Kernels register themselves
+// next to their code (csrc/cpu/*.cpp, csrc/cuda/*.cu); the fake (meta)
+// implementations and autograd live in pyg_multihead_agg/ops.py.
+#include <Python.h>
+#include <torch/library.h>
+
+extern "C" {
+// Lets `from pyg_multihead_agg import _C` load the library, which runs the
+// static registrations below. No pybind11, so Py_LIMITED_API stays possible.
+PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {
+      PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr,
+  };
+  return PyModule_Create(&module_def);
+}
+}
+
+TORCH_LIBRARY(pyg_multihead_agg, m) {
+  // out[i, h, :] = sum_{e in rowptr[i]..rowptr[i+1]} weight[e, h] * x[col[e], h, :]
+  // colptr/row/perm (the CSC of the same graph) are not read by the forward;
+  // they are inputs so that the autograd formula can use them.
+  m.def(
+      "multihead_spmm(Tensor rowptr, Tensor col, Tensor weight, Tensor x, "
+      "Tensor? colptr=None, Tensor? row=None, Tensor? perm=None) -> Tensor");
+  // One pass over the CSC: grad_x[j] = sum_k weight[perm[k]] * grad_out[row[k]]
+  // and grad_weight[perm[k], h] = <grad_out[row[k], h], x[j, h]>.
+  // grad_x is computed when `weight` is given, grad_weight when `x` is given;
+  // the other output is empty.
+  m.def(
+      "multihead_spmm_backward_csc(Tensor colptr, Tensor row, Tensor perm, "
+      "Tensor? weight, Tensor? x, Tensor grad_out) -> (Tensor, Tensor)");
+  // grad_x without a CSC: a scatter over the CSR (atomic on CUDA, so not
+  // deterministic there).
+  m.def(
+      "multihead_spmm_backward_x_scatter(Tensor rowptr, Tensor col, "
+      "Tensor weight, Tensor grad_out, SymInt num_src) -> Tensor");
+  // SDDMM over the CSR: out[e, h] = <a[row(e), h, :], b[col[e], h, :]>.
+  m.def("multihead_sddmm(Tensor rowptr, Tensor col, Tensor a, Tensor b) -> Tensor");
+}
