@@ -3,6 +3,7 @@ from typing import Tuple
 
 import torch
 from torch import Tensor
+from torch_geometric import is_compiling
 from torch_geometric.index import index2ptr, ptr2index
 
 CSC = Tuple[Tensor, Tensor, Tensor]
@@ -57,3 +58,85 @@ def csr_to_csc(rowptr: Tensor, col: Tensor, num_src: int) -> CSC:
     colptr = index2ptr(col[perm], num_src).to(col.dtype)
     return colptr, row, perm.to(col.dtype)
 
+
+
+# CSR + CSC extraction from the adjacency types PyG passes to ``propagate``.
+# Each returns (rowptr, col, (colptr, row, perm)) with rows = destinations,
+# as multihead_spmm expects, reusing whatever the container caches.
+
+def _same_index_dtype(rowptr: Tensor, col: Tensor, csc: CSC) -> Tuple[Tensor, Tensor, CSC]:
+    dtype = col.dtype
+    colptr, row, perm = csc
+    return (rowptr.to(dtype), col, (colptr.to(dtype), row.to(dtype), perm.to(dtype)))
+
+
+def _fit_ptr(ptr: Tensor, num_rows: int, name: str) -> Tensor:
+    # EdgeIndex infers a missing sparse size from the largest index, which
+    # drops trailing isolated nodes: pad with empty rows.
+    missing = num_rows + 1 - ptr.numel()
+    if missing < 0:
+        raise ValueError(f"{name} describes {ptr.numel() - 1} nodes but the features hold "
+                         f"only {num_rows}")
+    if missing == 0:
+        return ptr
+    return torch.cat([ptr, ptr[-1:].expand(missing)])
+
+
+def csr_csc_from_sparse_tensor(adj_t) -> Tuple[Tensor, Tensor, CSC]:
+    r"""CSR and CSC of a :class:`torch_sparse.SparseTensor` :obj:`adj_t`
+    (rows are destinations). :obj:`rowptr`, :obj:`colptr` and the
+    CSR-to-CSC permutation :obj:`csr2csc` are cached on the storage by
+    torch_sparse, so repeated calls on the same :obj:`adj_t` build them once;
+    only :obj:`row` in CSC order is gathered per call.
+    """
+    storage = adj_t.storage
+    perm = storage.csr2csc()
+    csc = (storage.colptr(), storage.row()[perm], perm)
+    return _same_index_dtype(storage.rowptr(), storage.col(), csc)
+
+
+def csr_csc_from_torch_csr(adj_t: Tensor) -> Tuple[Tensor, Tensor, CSC]:
+    r"""CSR and CSC of a :obj:`torch.sparse_csr` :obj:`adj_t` of shape
+    :obj:`[num_dst, num_src]`. The CSC is built (one stable sort) on every
+    call: a sparse tensor has no cache to keep it in.
+    """
+    if adj_t.layout != torch.sparse_csr:
+        raise ValueError(f"adj_t must have layout torch.sparse_csr, got {adj_t.layout}")
+    rowptr, col = adj_t.crow_indices(), adj_t.col_indices()
+    return rowptr, col, csr_to_csc(rowptr, col, adj_t.size(1))
+
+
+def csr_csc_from_edge_index(edge_index, num_src: int, num_dst: int) -> Tuple[Tensor, Tensor, CSC]:
+    r"""CSR (over destinations) and CSC (over sources) of a PyG
+    :class:`~torch_geometric.EdgeIndex` sorted by column, taken from its
+    caches: :meth:`get_csc` gives :obj:`(rowptr, col)` and :meth:`get_csr`
+    the transpose. Call :meth:`EdgeIndex.fill_cache_` once (or let the first
+    eager call fill it) so that later calls reuse them.
+
+    Under :func:`torch.compile`, :meth:`EdgeIndex.get_csr` cannot run (its
+    :obj:`_T_index` cache is not part of the traced subclass state, and
+    cache writes on graph inputs fail), so the flattened caches
+    :obj:`_indptr`, :obj:`_T_indptr` and :obj:`_T_perm` are read directly and
+    anything missing is computed without being cached.
+    """
+    if not edge_index.is_sorted_by_col:
+        raise ValueError("edge_index must be an EdgeIndex sorted by column (destination); "
+                         "use edge_index.sort_by('col')")
+    if is_compiling():
+        src, dst = edge_index.as_tensor()[0], edge_index.as_tensor()[1]
+        rowptr = edge_index._indptr
+        if rowptr is None:
+            rowptr = index2ptr(dst, num_dst).to(dst.dtype)
+        perm = edge_index._T_perm
+        colptr = edge_index._T_indptr
+        if perm is None or colptr is None:
+            colptr, row, perm = csr_to_csc(_fit_ptr(rowptr, num_dst, "edge_index"), src, num_src)
+        else:
+            row = dst[perm]
+        col = src
+    else:
+        (rowptr, col), _ = edge_index.get_csc()
+        (colptr, row), perm = edge_index.get_csr()
+    rowptr = _fit_ptr(rowptr, num_dst, "edge_index (destinations)")
+    colptr = _fit_ptr(colptr, num_src, "edge_index (sources)")
+    return _same_index_dtype(rowptr, col, (colptr, row, perm))

@@ -1,0 +1,932 @@
+// CUDA kernels of the multihead_spmm family and their CUDA IMPL block.
+// Design, expected bandwidth and tuning notes: benchmarks/KERNEL_NOTES.md.
+//
+// Layout of the work. A row of H*D features is cut into 16-byte vectors
+// (8 halves, 4 floats, 2 doubles) when D is a multiple of the vector width
+// and the pointers are aligned, else into single elements (the scalar path).
+// A group of G lanes (a power of two <= 32, G*VPL vectors covering the row)
+// handles one compressed row; lane `l` owns the vectors
+//     v = chunk * G * VPL + l + G * k,   k < VPL,
+// i.e. features [v*V, v*V + V), all of head v*V / D. In PyTorch terms, for the
+// forward and one feature chunk:
+//     acc[l, k] = sum_e weight[e, head(v)] * x[col[e]].view(-1, V)[v]
+// with the row's edges unrolled by U = 8 / VPL so that 8 gathers per lane are
+// in flight. Rows wider than 32 * 4 vectors loop over feature chunks.
+//
+// Load balance. Rows with more than `long_threshold` edges are listed by a
+// first tiny kernel; the main kernel is persistent and takes work items from
+// an atomic counter: first the long rows, each split over all the groups of a
+// block (contiguous edge slices, partial sums reduced through shared memory
+// in a fixed order, so the result is deterministic), then tiles of short rows,
+// one row per group. Hubs thus start first and spread over 8 warps instead of
+// stalling one warp at the end of the grid.
+//
+// Malformed graphs never fault: every row range is clamped to [0, E] (empty
+// when decreasing) and entries whose index (col, row or perm) is out of range
+// are skipped. The Python `validate=True` flag is what raises clear errors.
+#include <ATen/OpMathType.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+
+#include "../checks.h"
+#include "dispatch.cuh"
+
+namespace pyg_multihead_agg {
+namespace {
+
+constexpr int kThreads = 256;       // threads per block, every kernel
+constexpr int kLoadsInFlight = 8;   // 16-byte gathers per lane per unrolled step
+constexpr int kMaxVPL = 4;          // vectors per lane before chunking the row
+
+// ---------------------------------------------------------------------------
+// Device helpers
+// ---------------------------------------------------------------------------
+
+template <int kBytes>
+struct RawType;
+template <>
+struct RawType<16> { using type = uint4; };
+template <>
+struct RawType<8> { using type = uint2; };
+template <>
+struct RawType<4> { using type = unsigned int; };
+template <>
+struct RawType<2> { using type = unsigned short; };
+
+template <typename scalar_t, int V>
+struct alignas(sizeof(scalar_t) * V) Vec {
+  scalar_t val[V];
+};
+
+// One V-element vector through the read-only path (ld.global.nc).
+template <typename scalar_t, int V>
+__device__ __forceinline__ Vec<scalar_t, V> load_vec(const scalar_t* p) {
+  using raw_t = typename RawType<sizeof(scalar_t) * V>::type;
+  Vec<scalar_t, V> v;
+  *reinterpret_cast<raw_t*>(&v) = __ldg(reinterpret_cast<const raw_t*>(p));
+  return v;
+}
+
+template <typename scalar_t, int V>
+__device__ __forceinline__ Vec<scalar_t, V> zero_vec() {
+  using raw_t = typename RawType<sizeof(scalar_t) * V>::type;
+  Vec<scalar_t, V> v;
+  *reinterpret_cast<raw_t*>(&v) = raw_t{};
+  return v;
+}
+
+template <typename scalar_t>
+__device__ __forceinline__ at::opmath_type<scalar_t> load_value(const scalar_t* p) {
+  return static_cast<at::opmath_type<scalar_t>>(load_vec<scalar_t, 1>(p).val[0]);
+}
+
+template <typename scalar_t, int V, typename acc_t>
+__device__ __forceinline__ void store_vec(scalar_t* p, const acc_t (&a)[V]) {
+  Vec<scalar_t, V> v;
+#pragma unroll
+  for (int i = 0; i < V; ++i) v.val[i] = static_cast<scalar_t>(a[i]);
+  *reinterpret_cast<Vec<scalar_t, V>*>(p) = v;
+}
+
+template <typename index_t>
+__device__ __forceinline__ int64_t load_index(const index_t* p) {
+  return static_cast<int64_t>(__ldg(p));
+}
+
+// [lo, hi) of compressed row r, clamped to [0, num_edges] and empty when the
+// pointer decreases: malformed pointers cannot send a kernel out of bounds.
+template <typename index_t>
+__device__ __forceinline__ void row_range(const index_t* ptr, int64_t r, int64_t num_edges,
+                                          int64_t& lo, int64_t& hi) {
+  const int64_t a = load_index(ptr + r), b = load_index(ptr + r + 1);
+  lo = a < 0 ? 0 : (a > num_edges ? num_edges : a);
+  hi = b < lo ? lo : (b > num_edges ? num_edges : b);
+}
+
+__device__ __forceinline__ bool in_range(int64_t v, int64_t bound) {
+  return static_cast<uint64_t>(v) < static_cast<uint64_t>(bound);
+}
+
+// Mask of the G lanes of this thread's group, for the shuffles of one group
+// while other groups of the warp run other rows.
+__device__ __forceinline__ unsigned group_mask(int G) {
+  if (G == 32) return 0xffffffffu;
+  const int lane = threadIdx.x & 31;
+  return ((1u << G) - 1u) << (lane & ~(G - 1));
+}
+
+// Which vectors of a row this lane owns in one feature chunk (see the top).
+template <int VPL>
+struct LaneMap {
+  int feat[VPL];   // first feature of the vector within the row
+  int head[VPL];   // its head (>= H for the padding vectors of the last chunk)
+  bool valid[VPL];
+};
+
+template <int V, int VPL>
+__device__ __forceinline__ LaneMap<VPL> lane_map(int chunk, int lane, int G, int D, int HD) {
+  LaneMap<VPL> m;
+#pragma unroll
+  for (int k = 0; k < VPL; ++k) {
+    const int v = chunk * G * VPL + lane + G * k;
+    m.feat[k] = v * V;
+    m.head[k] = v * V / D;
+    m.valid[k] = v * V < HD;
+  }
+  return m;
+}
+
+// ---------------------------------------------------------------------------
+// Work list: long rows first (block-wide), then tiles of short rows
+// ---------------------------------------------------------------------------
+
+struct WorkList {
+  const int64_t* long_rows;      // filled by find_long_rows_kernel
+  unsigned long long* counters;  // [0]: number of long rows, [1]: next work item
+  int64_t num_tiles;             // ceil(num_rows / groups per block)
+  int64_t long_threshold;        // rows with more edges than this are long
+};
+
+template <typename index_t>
+__global__ void __launch_bounds__(kThreads)
+    find_long_rows_kernel(const index_t* __restrict__ ptr, int64_t num_rows, int64_t num_edges,
+                          WorkList wl, int64_t* __restrict__ long_rows) {
+  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < num_rows;
+       r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t lo, hi;
+    row_range(ptr, r, num_edges, lo, hi);
+    // The list order varies from run to run, the per-row results do not.
+    if (hi - lo > wl.long_threshold) long_rows[atomicAdd(&wl.counters[0], 1ull)] = r;
+  }
+}
+
+// Runs `long_fn(r, lo, hi)` with the whole block for each long row and
+// `short_fn(r, lo, hi)` with one group per short row. Both are called by every
+// thread of the block (long) or of the group (short), so the functions may
+// synchronise the block or shuffle within the group.
+template <typename index_t, typename ShortFn, typename LongFn>
+__device__ __forceinline__ void for_each_work_item(const index_t* ptr, int64_t num_rows,
+                                                   int64_t num_edges, const WorkList& wl, int G,
+                                                   ShortFn&& short_fn, LongFn&& long_fn) {
+  __shared__ unsigned long long s_item;
+  const int64_t num_long = static_cast<int64_t>(wl.counters[0]);
+  const int groups = kThreads / G, group = threadIdx.x / G;
+  for (;;) {
+    if (threadIdx.x == 0) s_item = atomicAdd(&wl.counters[1], 1ull);
+    __syncthreads();
+    const int64_t item = static_cast<int64_t>(s_item);
+    __syncthreads();
+    if (item < num_long) {
+      const int64_t r = wl.long_rows[item];
+      int64_t lo, hi;
+      row_range(ptr, r, num_edges, lo, hi);
+      long_fn(r, lo, hi);
+    } else {
+      const int64_t tile = item - num_long;
+      if (tile >= wl.num_tiles) break;
+      const int64_t r = tile * groups + group;
+      if (r < num_rows) {
+        int64_t lo, hi;
+        row_range(ptr, r, num_edges, lo, hi);
+        if (hi - lo <= wl.long_threshold) short_fn(r, lo, hi);
+      }
+    }
+  }
+}
+
+// The contiguous slice of [lo, hi) that group `group` of `groups` takes in a long row.
+__device__ __forceinline__ void group_slice(int64_t lo, int64_t hi, int group, int groups,
+                                            int64_t& slo, int64_t& shi) {
+  const int64_t len = (hi - lo + groups - 1) / groups;
+  slo = min(hi, lo + group * len);
+  shi = min(hi, slo + len);
+}
+
+// Sums the groups' partial rows of one feature chunk in group order (fixed, so
+// deterministic) and writes them. red holds kThreads * VPL * V values: group g's
+// value of feature chunk_feat + q at red[g * G * VPL * V + q].
+template <typename scalar_t, typename acc_t, int V, int VPL>
+__device__ __forceinline__ void block_reduce_store(acc_t* red, const acc_t (&acc)[VPL][V], int G,
+                                                   int lane, int chunk_feat, int HD,
+                                                   scalar_t* __restrict__ out_row) {
+  const int cwe = G * VPL * V, groups = kThreads / G, group = threadIdx.x / G;
+#pragma unroll
+  for (int k = 0; k < VPL; ++k)
+#pragma unroll
+    for (int v = 0; v < V; ++v) red[group * cwe + (k * G + lane) * V + v] = acc[k][v];
+  __syncthreads();
+  for (int q = threadIdx.x; q < cwe; q += kThreads) {
+    if (chunk_feat + q < HD) {
+      acc_t s = 0;
+      for (int g = 0; g < groups; ++g) s += red[g * cwe + q];
+      out_row[chunk_feat + q] = static_cast<scalar_t>(s);
+    }
+  }
+  __syncthreads();
+}
+
+// ---------------------------------------------------------------------------
+// Gather: out[r] = sum_{e in row r} weight[wperm ? wperm[e] : e] * x[idx[e]]
+// (the forward on the CSR; grad_x on the CSC with wperm = perm)
+// ---------------------------------------------------------------------------
+
+template <typename scalar_t, typename index_t>
+struct GatherParams {
+  const index_t* ptr;      // [num_rows + 1]
+  const index_t* idx;      // [E] gathered row of x per entry
+  const index_t* wperm;    // [E] or nullptr: weight row per entry
+  const scalar_t* weight;  // [E, H]
+  const scalar_t* x;       // [num_src, H, D]
+  scalar_t* out;           // [num_rows, H, D]
+  int64_t num_rows, num_src, num_edges;
+  int H, D, HD, G, num_chunks;
+};
+
+// U consecutive entries e..e+U-1: U*VPL independent gathers, then the FMAs.
+template <int U, typename scalar_t, typename index_t, int V, int VPL>
+__device__ __forceinline__ void gather_step(at::opmath_type<scalar_t> (&acc)[VPL][V], int64_t e,
+                                            const GatherParams<scalar_t, index_t>& p,
+                                            const LaneMap<VPL>& m) {
+  using acc_t = at::opmath_type<scalar_t>;
+  int64_t src[U], we[U];
+  bool ok[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    src[u] = load_index(p.idx + e + u);
+    we[u] = p.wperm != nullptr ? load_index(p.wperm + e + u) : e + u;
+    ok[u] = in_range(src[u], p.num_src) && in_range(we[u], p.num_edges);
+  }
+  Vec<scalar_t, V> xv[U][VPL];
+  acc_t w[U][VPL];
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      if (ok[u] && m.valid[k]) {
+        xv[u][k] = load_vec<scalar_t, V>(p.x + src[u] * p.HD + m.feat[k]);
+        w[u][k] = load_value(p.weight + we[u] * p.H + m.head[k]);
+      } else {
+        xv[u][k] = zero_vec<scalar_t, V>();
+        w[u][k] = acc_t(0);
+      }
+    }
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+#pragma unroll
+    for (int k = 0; k < VPL; ++k)
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[k][v] += w[u][k] * static_cast<acc_t>(xv[u][k].val[v]);
+}
+
+template <typename scalar_t, typename index_t, int V, int VPL>
+__device__ __forceinline__ void gather_entries(at::opmath_type<scalar_t> (&acc)[VPL][V],
+                                               int64_t lo, int64_t hi,
+                                               const GatherParams<scalar_t, index_t>& p,
+                                               const LaneMap<VPL>& m) {
+  constexpr int U = kLoadsInFlight / VPL;
+#pragma unroll
+  for (int k = 0; k < VPL; ++k)
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[k][v] = 0;
+  int64_t e = lo;
+  for (; e + U <= hi; e += U) gather_step<U>(acc, e, p, m);
+  for (; e < hi; ++e) gather_step<1>(acc, e, p, m);
+}
+
+template <typename scalar_t, typename index_t, int V, int VPL>
+__global__ void __launch_bounds__(kThreads)
+    gather_kernel(const GatherParams<scalar_t, index_t> p, const WorkList wl) {
+  using acc_t = at::opmath_type<scalar_t>;
+  __shared__ acc_t red[kThreads * VPL * V];
+  const int G = p.G, lane = threadIdx.x & (G - 1);
+  const int group = threadIdx.x / G, groups = kThreads / G;
+
+  auto short_row = [&](int64_t r, int64_t lo, int64_t hi) {
+    for (int chunk = 0; chunk < p.num_chunks; ++chunk) {
+      const auto m = lane_map<V, VPL>(chunk, lane, G, p.D, p.HD);
+      acc_t acc[VPL][V];
+      gather_entries(acc, lo, hi, p, m);
+#pragma unroll
+      for (int k = 0; k < VPL; ++k)
+        if (m.valid[k]) store_vec<scalar_t, V>(p.out + r * p.HD + m.feat[k], acc[k]);
+    }
+  };
+  auto long_row = [&](int64_t r, int64_t lo, int64_t hi) {
+    int64_t slo, shi;
+    group_slice(lo, hi, group, groups, slo, shi);
+    for (int chunk = 0; chunk < p.num_chunks; ++chunk) {
+      const auto m = lane_map<V, VPL>(chunk, lane, G, p.D, p.HD);
+      acc_t acc[VPL][V];
+      gather_entries(acc, slo, shi, p, m);
+      block_reduce_store<scalar_t, acc_t, V, VPL>(red, acc, G, lane, chunk * G * VPL * V, p.HD,
+                                                  p.out + r * p.HD);
+    }
+  };
+  for_each_work_item(p.ptr, p.num_rows, p.num_edges, wl, G, short_row, long_row);
+}
+
+// ---------------------------------------------------------------------------
+// Dot-gather: for each entry k of compressed row r, with e = perm ? perm[k] : k
+// and the gathered row g = gathered[idx[k]],
+//     dot_out[e, h] = <rowval[r, h, :], g[h, :]>                      (all h)
+//     acc_out[r]   += weight[e, h] * g[h, :]        (when weight is given)
+// The backward over the CSC (rowval = x, gathered = grad_out, perm) computes
+// grad_weight and grad_x in one pass; the SDDMM over the CSR (rowval = a,
+// gathered = b, no perm, no weight) computes its output. rowval[r] is loaded
+// once per row (per chunk) into registers.
+// Needs D / V to be a power of two: a head's vectors then fill S = min(D / V, G)
+// aligned lanes (for a fixed k), and its dot is a butterfly over S lanes.
+// ---------------------------------------------------------------------------
+
+template <typename scalar_t, typename index_t>
+struct DotParams {
+  const index_t* ptr;          // [num_rows + 1]
+  const index_t* idx;          // [E] gathered row per entry
+  const index_t* perm;         // [E] or nullptr: edge id per entry
+  const scalar_t* rowval;      // [num_rows, H, D]
+  const scalar_t* gathered;    // [num_gathered, H, D]
+  const scalar_t* weight;      // [E, H] or nullptr
+  scalar_t* acc_out;           // [num_rows, H, D] when weight
+  scalar_t* dot_out;           // [E, H]
+  int64_t num_rows, num_gathered, num_edges;
+  int H, D, HD, G, S, num_chunks;
+};
+
+template <int U, typename scalar_t, typename index_t, int V, int VPL>
+__device__ __forceinline__ void dot_step(at::opmath_type<scalar_t> (&acc)[VPL][V],
+                                         const at::opmath_type<scalar_t> (&rv)[VPL][V],
+                                         int64_t e0, const DotParams<scalar_t, index_t>& p,
+                                         const LaneMap<VPL>& m, const bool (&last)[VPL],
+                                         unsigned mask, bool leader) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const bool with_weight = p.weight != nullptr;
+  int64_t src[U], e[U];
+  bool ok[U], e_ok[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    src[u] = load_index(p.idx + e0 + u);
+    e[u] = p.perm != nullptr ? load_index(p.perm + e0 + u) : e0 + u;
+    e_ok[u] = in_range(e[u], p.num_edges);
+    ok[u] = e_ok[u] && in_range(src[u], p.num_gathered);
+  }
+  Vec<scalar_t, V> gv[U][VPL];
+  acc_t w[U][VPL];
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      const bool load = ok[u] && m.valid[k];
+      gv[u][k] = load ? load_vec<scalar_t, V>(p.gathered + src[u] * p.HD + m.feat[k])
+                      : zero_vec<scalar_t, V>();
+      w[u][k] = (load && with_weight) ? load_value(p.weight + e[u] * p.H + m.head[k]) : acc_t(0);
+    }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    acc_t run = 0;
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const acc_t g = static_cast<acc_t>(gv[u][k].val[v]);
+        acc[k][v] += w[u][k] * g;
+        run += g * rv[k][v];
+      }
+      // `last` is the same for all lanes of the group, so the shuffles are
+      // group-uniform. Vectors k that share a head were summed into `run`.
+      if (last[k]) {
+        for (int off = p.S >> 1; off > 0; off >>= 1) run += __shfl_xor_sync(mask, run, off);
+        if (leader && m.valid[k] && e_ok[u])
+          p.dot_out[e[u] * p.H + m.head[k]] = static_cast<scalar_t>(run);
+        run = 0;
+      }
+    }
+  }
+}
+
+template <typename scalar_t, typename index_t, int V, int VPL>
+__device__ __forceinline__ void dot_entries(at::opmath_type<scalar_t> (&acc)[VPL][V],
+                                            int64_t r, int64_t lo, int64_t hi,
+                                            const DotParams<scalar_t, index_t>& p,
+                                            const LaneMap<VPL>& m, int lane) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr int U = kLoadsInFlight / VPL;
+  acc_t rv[VPL][V];
+  bool last[VPL];
+#pragma unroll
+  for (int k = 0; k < VPL; ++k) {
+    const auto raw = m.valid[k] ? load_vec<scalar_t, V>(p.rowval + r * p.HD + m.feat[k])
+                                : zero_vec<scalar_t, V>();
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      rv[k][v] = static_cast<acc_t>(raw.val[v]);
+      acc[k][v] = 0;
+    }
+    // Heads span G * k-consecutive vectors only when D / V >= G, and then the
+    // whole group shares m.head[k]; otherwise every k is a head of its own.
+    last[k] = k == VPL - 1 || m.head[k + (k < VPL - 1 ? 1 : 0)] != m.head[k];
+  }
+  const unsigned mask = group_mask(p.G);
+  const bool leader = (lane & (p.S - 1)) == 0;
+  int64_t e = lo;
+  for (; e + U <= hi; e += U) dot_step<U>(acc, rv, e, p, m, last, mask, leader);
+  for (; e < hi; ++e) dot_step<1>(acc, rv, e, p, m, last, mask, leader);
+}
+
+template <typename scalar_t, typename index_t, int V, int VPL>
+__global__ void __launch_bounds__(kThreads)
+    dot_gather_kernel(const DotParams<scalar_t, index_t> p, const WorkList wl) {
+  using acc_t = at::opmath_type<scalar_t>;
+  __shared__ acc_t red[kThreads * VPL * V];
+  const int G = p.G, lane = threadIdx.x & (G - 1);
+  const int group = threadIdx.x / G, groups = kThreads / G;
+  const bool with_weight = p.weight != nullptr;
+
+  auto short_row = [&](int64_t r, int64_t lo, int64_t hi) {
+    for (int chunk = 0; chunk < p.num_chunks; ++chunk) {
+      const auto m = lane_map<V, VPL>(chunk, lane, G, p.D, p.HD);
+      acc_t acc[VPL][V];
+      dot_entries(acc, r, lo, hi, p, m, lane);
+      if (with_weight) {
+#pragma unroll
+        for (int k = 0; k < VPL; ++k)
+          if (m.valid[k]) store_vec<scalar_t, V>(p.acc_out + r * p.HD + m.feat[k], acc[k]);
+      }
+    }
+  };
+  auto long_row = [&](int64_t r, int64_t lo, int64_t hi) {
+    int64_t slo, shi;
+    group_slice(lo, hi, group, groups, slo, shi);
+    for (int chunk = 0; chunk < p.num_chunks; ++chunk) {
+      const auto m = lane_map<V, VPL>(chunk, lane, G, p.D, p.HD);
+      acc_t acc[VPL][V];
+      dot_entries(acc, r, slo, shi, p, m, lane);
+      if (with_weight)
+        block_reduce_store<scalar_t, acc_t, V, VPL>(red, acc, G, lane, chunk * G * VPL * V, p.HD,
+                                                    p.acc_out + r * p.HD);
+    }
+  };
+  for_each_work_item(p.ptr, p.num_rows, p.num_edges, wl, G, short_row, long_row);
+}
+
+// ---------------------------------------------------------------------------
+// Generic SDDMM, any D and alignment: dot_out[e, h] = <rowval[r, h], gathered[idx[k], h]>
+// with e = perm ? perm[k] : k. Lanes stride over d within one head, a butterfly
+// over the group per (entry, head). The fallback of the dot-gather kernel.
+// ---------------------------------------------------------------------------
+
+template <typename scalar_t, typename index_t>
+__global__ void __launch_bounds__(kThreads)
+    sddmm_generic_kernel(const DotParams<scalar_t, index_t> p, const WorkList wl) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int G = p.G, lane = threadIdx.x & (G - 1);
+  const int group = threadIdx.x / G, groups = kThreads / G;
+  const unsigned mask = group_mask(G);
+
+  auto entries = [&](int64_t r, int64_t lo, int64_t hi) {
+    const scalar_t* a = p.rowval + r * p.HD;
+    for (int64_t k = lo; k < hi; ++k) {
+      const int64_t src = load_index(p.idx + k);
+      const int64_t e = p.perm != nullptr ? load_index(p.perm + k) : k;
+      if (!in_range(e, p.num_edges)) continue;  // group-uniform
+      const bool ok = in_range(src, p.num_gathered);
+      const scalar_t* b = p.gathered + (ok ? src : 0) * p.HD;
+      for (int h = 0; h < p.H; ++h) {
+        acc_t dot = 0;
+        if (ok)
+          for (int d = lane; d < p.D; d += G)
+            dot += load_value(a + h * p.D + d) * load_value(b + h * p.D + d);
+        for (int off = G >> 1; off > 0; off >>= 1) dot += __shfl_xor_sync(mask, dot, off);
+        if (lane == 0) p.dot_out[e * p.H + h] = static_cast<scalar_t>(dot);
+      }
+    }
+  };
+  auto long_row = [&](int64_t r, int64_t lo, int64_t hi) {
+    int64_t slo, shi;
+    group_slice(lo, hi, group, groups, slo, shi);
+    entries(r, slo, shi);
+  };
+  for_each_work_item(p.ptr, p.num_rows, p.num_edges, wl, G, entries, long_row);
+}
+
+// ---------------------------------------------------------------------------
+// Atomic scatter: acc[col[e]] += weight[e] * grad_out[r] over the CSR (float32
+// accumulation for half types). Not deterministic; the fallback used without
+// a CSC when deterministic algorithms are off.
+// ---------------------------------------------------------------------------
+
+template <typename scalar_t, typename index_t>
+__global__ void __launch_bounds__(kThreads)
+    scatter_kernel(const index_t* __restrict__ rowptr, const index_t* __restrict__ col,
+                   const scalar_t* __restrict__ weight, const scalar_t* __restrict__ grad_out,
+                   at::opmath_type<scalar_t>* __restrict__ acc, int64_t num_rows,
+                   int64_t num_src, int64_t num_edges, int H, int D, int G, WorkList wl) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int HD = H * D, lane = threadIdx.x & (G - 1);
+  const int group = threadIdx.x / G, groups = kThreads / G;
+  auto entries = [&](int64_t r, int64_t lo, int64_t hi) {
+    for (int f = lane; f < HD; f += G) {
+      const acc_t g = load_value(grad_out + r * HD + f);
+      const int h = f / D;
+      for (int64_t e = lo; e < hi; ++e) {
+        const int64_t j = load_index(col + e);
+        if (in_range(j, num_src)) atomicAdd(acc + j * HD + f, load_value(weight + e * H + h) * g);
+      }
+    }
+  };
+  auto long_row = [&](int64_t r, int64_t lo, int64_t hi) {
+    int64_t slo, shi;
+    group_slice(lo, hi, group, groups, slo, shi);
+    entries(r, slo, shi);
+  };
+  for_each_work_item(rowptr, num_rows, num_edges, wl, G, entries, long_row);
+}
+
+// ---------------------------------------------------------------------------
+// Host side
+// ---------------------------------------------------------------------------
+
+int next_pow2(int64_t n) {
+  int p = 1;
+  while (p < n && p < 32) p <<= 1;
+  return p;
+}
+
+bool is_aligned(const void* ptr, size_t bytes) {
+  return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
+}
+
+// Lanes per row and vectors per lane for rows of `num_vec` vectors.
+struct LaneConfig {
+  int G, vpl, num_chunks;
+};
+
+LaneConfig lane_config(int64_t num_vec, bool allow_vpl2) {
+  LaneConfig c;
+  if (num_vec <= 32) {
+    c.G = next_pow2(num_vec);
+    c.vpl = 1;
+  } else {
+    c.G = 32;
+    c.vpl = (allow_vpl2 && num_vec <= 64) ? 2 : kMaxVPL;
+  }
+  c.num_chunks = static_cast<int>((num_vec + c.G * c.vpl - 1) / (c.G * c.vpl));
+  return c;
+}
+
+int num_sms() {
+  int count = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount,
+                                        c10::cuda::current_device()));
+  return count;
+}
+
+// Rows longer than this go to a whole block. A single warp gathers ~5 GB/s,
+// the device ~4 TB/s: a row of E / 32768 edges then costs a warp about 2% of
+// the whole kernel, so anything longer is spread over a block.
+int64_t long_threshold(int64_t num_edges) {
+  return std::max<int64_t>(64, num_edges / 32768);
+}
+
+// Builds the work list of a persistent kernel; `storage` keeps it alive until
+// the launches that use it are enqueued (stream-ordered reuse afterwards).
+template <typename index_t>
+WorkList make_work_list(const index_t* ptr, int64_t num_rows, int64_t num_edges, int G,
+                        at::Tensor& storage, const at::TensorOptions& options) {
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  storage = at::empty({num_rows + 2}, options.dtype(at::kLong));
+  WorkList wl;
+  wl.counters = reinterpret_cast<unsigned long long*>(storage.data_ptr<int64_t>());
+  wl.long_rows = storage.data_ptr<int64_t>() + 2;
+  wl.num_tiles = (num_rows + kThreads / G - 1) / (kThreads / G);
+  wl.long_threshold = long_threshold(num_edges);
+  C10_CUDA_CHECK(cudaMemsetAsync(wl.counters, 0, 2 * sizeof(unsigned long long), stream));
+  const int blocks =
+      static_cast<int>(std::min<int64_t>((num_rows + kThreads - 1) / kThreads, num_sms() * 8LL));
+  find_long_rows_kernel<index_t><<<blocks, kThreads, 0, stream>>>(
+      ptr, num_rows, num_edges, wl, storage.data_ptr<int64_t>() + 2);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return wl;
+}
+
+// Resident blocks of a persistent kernel, no more than there are work items.
+template <typename Kernel>
+int persistent_grid(Kernel kernel, const WorkList& wl, int64_t num_rows) {
+  int per_sm = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
+  const int64_t blocks = static_cast<int64_t>(std::max(per_sm, 1)) * num_sms();
+  return static_cast<int>(std::max<int64_t>(1, std::min(blocks, wl.num_tiles + num_rows)));
+}
+
+template <typename scalar_t, typename index_t>
+void launch_gather(GatherParams<scalar_t, index_t> p, const at::TensorOptions& options) {
+  constexpr int kVec = vec_width<scalar_t>();
+  const bool vectorised = p.D % kVec == 0 && is_aligned(p.x, 16) && is_aligned(p.out, 16);
+  const auto c = lane_config(vectorised ? p.HD / kVec : p.HD, vectorised);
+  p.G = c.G;
+  p.num_chunks = c.num_chunks;
+  at::Tensor storage;
+  const WorkList wl = make_work_list(p.ptr, p.num_rows, p.num_edges, c.G, storage, options);
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  auto launch = [&](auto kernel) {
+    kernel<<<persistent_grid(kernel, wl, p.num_rows), kThreads, 0, stream>>>(p, wl);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  if (vectorised) {
+    VPL_SWITCH(c.vpl, kVPL, [&] { launch(gather_kernel<scalar_t, index_t, kVec, kVPL>); });
+  } else if (c.vpl == 1) {
+    launch(gather_kernel<scalar_t, index_t, 1, 1>);
+  } else {
+    launch(gather_kernel<scalar_t, index_t, 1, kMaxVPL>);
+  }
+}
+
+// Launches the dot-gather kernel when its fast path applies (16-byte vectors,
+// D / V a power of two, heads not cut by feature chunks); returns false
+// otherwise. With weight == nullptr only dot_out is written.
+template <typename scalar_t, typename index_t>
+bool try_launch_dot_gather(DotParams<scalar_t, index_t> p, const at::TensorOptions& options) {
+  constexpr int kVec = vec_width<scalar_t>();
+  if (p.D % kVec != 0 || !is_aligned(p.rowval, 16) || !is_aligned(p.gathered, 16) ||
+      (p.acc_out != nullptr && !is_aligned(p.acc_out, 16)))
+    return false;
+  const int vec_per_head = p.D / kVec;
+  if ((vec_per_head & (vec_per_head - 1)) != 0) return false;
+  const auto c = lane_config(p.HD / kVec, true);
+  if (c.num_chunks > 1 && vec_per_head > c.G * c.vpl) return false;
+  p.G = c.G;
+  p.S = std::min(vec_per_head, c.G);
+  p.num_chunks = c.num_chunks;
+  at::Tensor storage;
+  const WorkList wl = make_work_list(p.ptr, p.num_rows, p.num_edges, c.G, storage, options);
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  VPL_SWITCH(c.vpl, kVPL, [&] {
+    auto kernel = dot_gather_kernel<scalar_t, index_t, kVec, kVPL>;
+    kernel<<<persistent_grid(kernel, wl, p.num_rows), kThreads, 0, stream>>>(p, wl);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return true;
+}
+
+template <typename scalar_t, typename index_t>
+void launch_sddmm_generic(DotParams<scalar_t, index_t> p, const at::TensorOptions& options) {
+  p.G = next_pow2(p.D);
+  p.S = p.G;
+  p.num_chunks = 1;
+  at::Tensor storage;
+  const WorkList wl = make_work_list(p.ptr, p.num_rows, p.num_edges, p.G, storage, options);
+  auto kernel = sddmm_generic_kernel<scalar_t, index_t>;
+  kernel<<<persistent_grid(kernel, wl, p.num_rows), kThreads, 0,
+           c10::cuda::getCurrentCUDAStream()>>>(p, wl);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename scalar_t, typename index_t>
+void launch_dot(const DotParams<scalar_t, index_t>& p, const at::TensorOptions& options) {
+  if (!try_launch_dot_gather(p, options)) launch_sddmm_generic(p, options);
+}
+
+void check_int_width(int64_t H, int64_t D) {
+  TORCH_CHECK(H * D <= INT_MAX, "heads * channels must be below 2^31, got ", H, " * ", D);
+}
+
+// ---------------------------------------------------------------------------
+// Ops
+// ---------------------------------------------------------------------------
+
+at::Tensor multihead_spmm_cuda(const at::Tensor& rowptr, const at::Tensor& col,
+                               const at::Tensor& weight, const at::Tensor& x,
+                               const std::optional<at::Tensor>& /*colptr*/,
+                               const std::optional<at::Tensor>& /*row*/,
+                               const std::optional<at::Tensor>& /*perm*/) {
+  check_spmm(rowptr, col, weight, x);
+  TORCH_CHECK(x.is_cuda(), "x must be a CUDA tensor for the CUDA kernel");
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t N_dst = rowptr.numel() - 1, N_src = x.size(0), H = x.size(1), D = x.size(2);
+  const int64_t E = col.numel();
+  check_int_width(H, D);
+  if (N_dst == 0 || H * D == 0) return at::empty({N_dst, H, D}, x.options());
+  if (E == 0) return at::zeros({N_dst, H, D}, x.options());
+  const auto rowptr_c = rowptr.contiguous(), col_c = col.contiguous();
+  const auto weight_c = weight.contiguous(), x_c = x.contiguous();
+  auto out = at::empty({N_dst, H, D}, x.options());
+  FLOAT_SWITCH(x.scalar_type(), "multihead_spmm", [&] {
+    INDEX_SWITCH(rowptr.scalar_type(), "multihead_spmm", [&] {
+      GatherParams<scalar_t, index_t> p{};
+      p.ptr = rowptr_c.data_ptr<index_t>();
+      p.idx = col_c.data_ptr<index_t>();
+      p.wperm = nullptr;
+      p.weight = weight_c.data_ptr<scalar_t>();
+      p.x = x_c.data_ptr<scalar_t>();
+      p.out = out.data_ptr<scalar_t>();
+      p.num_rows = N_dst;
+      p.num_src = N_src;
+      p.num_edges = E;
+      p.H = static_cast<int>(H);
+      p.D = static_cast<int>(D);
+      p.HD = static_cast<int>(H * D);
+      launch_gather(p, rowptr.options());
+    });
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> multihead_spmm_backward_csc_cuda(
+    const at::Tensor& colptr, const at::Tensor& row, const at::Tensor& perm,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& x,
+    const at::Tensor& grad_out) {
+  // The checks of the CPU kernel (csrc/cpu/multihead_spmm.cpp), in its order.
+  const int64_t N_src = check_compressed(colptr, "colptr", row, "row");
+  check_index(perm, "perm");
+  check_same_dtype(perm, "perm", row, "row");
+  check_same_device(perm, "perm", row, "row");
+  check_value(grad_out, "grad_out", 3);
+  check_same_device(colptr, "colptr", grad_out, "grad_out");
+  const int64_t E = row.numel(), N_dst = grad_out.size(0), H = grad_out.size(1);
+  const int64_t D = grad_out.size(2);
+  TORCH_CHECK(perm.numel() == E, "perm must have one entry per edge: perm.numel() (", perm.numel(),
+              ") != row.numel() (", E, ")");
+  const bool need_grad_x = weight.has_value(), need_grad_weight = x.has_value();
+  if (need_grad_x) {
+    check_value(*weight, "weight", 2);
+    check_same_dtype(*weight, "weight", grad_out, "grad_out");
+    check_same_device(*weight, "weight", grad_out, "grad_out");
+    TORCH_CHECK(weight->size(0) == E && weight->size(1) == H, "weight must have shape [", E, ", ",
+                H, "] (edges, heads), got ", weight->sizes());
+  }
+  if (need_grad_weight) {
+    check_value(*x, "x", 3);
+    check_same_dtype(*x, "x", grad_out, "grad_out");
+    check_same_device(*x, "x", grad_out, "grad_out");
+    TORCH_CHECK(x->size(0) == N_src && x->size(1) == H && x->size(2) == D, "x must have shape [",
+                N_src, ", ", H, ", ", D, "] (colptr.numel() - 1, heads, channels), got ",
+                x->sizes());
+  }
+  TORCH_CHECK(grad_out.is_cuda(), "grad_out must be a CUDA tensor for the CUDA kernel");
+  check_int_width(H, D);
+  const c10::cuda::CUDAGuard guard(grad_out.device());
+  auto grad_x = at::empty({need_grad_x ? N_src : 0, H, D}, grad_out.options());
+  // Zero-filled, as on the CPU: if perm is not a permutation, unvisited edges read 0.
+  auto grad_weight = at::zeros({need_grad_weight ? E : 0, H}, grad_out.options());
+  if ((!need_grad_x && !need_grad_weight) || H * D == 0 || N_src == 0) return {grad_x, grad_weight};
+  if (E == 0) {
+    grad_x.zero_();
+    return {grad_x, grad_weight};
+  }
+  const auto colptr_c = colptr.contiguous(), row_c = row.contiguous(), perm_c = perm.contiguous();
+  const auto go = grad_out.contiguous();
+  const auto weight_c = need_grad_x ? weight->contiguous() : at::Tensor();
+  const auto x_c = need_grad_weight ? x->contiguous() : at::Tensor();
+  FLOAT_SWITCH(go.scalar_type(), "multihead_spmm_backward_csc", [&] {
+    INDEX_SWITCH(colptr.scalar_type(), "multihead_spmm_backward_csc", [&] {
+      DotParams<scalar_t, index_t> d{};
+      d.ptr = colptr_c.data_ptr<index_t>();
+      d.idx = row_c.data_ptr<index_t>();
+      d.perm = perm_c.data_ptr<index_t>();
+      d.rowval = need_grad_weight ? x_c.data_ptr<scalar_t>() : nullptr;
+      d.gathered = go.data_ptr<scalar_t>();
+      d.weight = need_grad_x ? weight_c.data_ptr<scalar_t>() : nullptr;
+      d.acc_out = need_grad_x ? grad_x.data_ptr<scalar_t>() : nullptr;
+      d.dot_out = need_grad_weight ? grad_weight.data_ptr<scalar_t>() : nullptr;
+      d.num_rows = N_src;
+      d.num_gathered = N_dst;
+      d.num_edges = E;
+      d.H = static_cast<int>(H);
+      d.D = static_cast<int>(D);
+      d.HD = static_cast<int>(H * D);
+      // Both gradients in one pass when the fast path applies.
+      if (need_grad_x && need_grad_weight && try_launch_dot_gather(d, colptr.options())) return;
+      if (need_grad_x) {
+        GatherParams<scalar_t, index_t> g{};
+        g.ptr = d.ptr;
+        g.idx = d.idx;
+        g.wperm = d.perm;
+        g.weight = d.weight;
+        g.x = d.gathered;
+        g.out = d.acc_out;
+        g.num_rows = N_src;
+        g.num_src = N_dst;
+        g.num_edges = E;
+        g.H = d.H;
+        g.D = d.D;
+        g.HD = d.HD;
+        launch_gather(g, colptr.options());
+      }
+      if (need_grad_weight) {
+        d.weight = nullptr;
+        d.acc_out = nullptr;
+        launch_dot(d, colptr.options());
+      }
+    });
+  });
+  return {grad_x, grad_weight};
+}
+
+at::Tensor multihead_spmm_backward_x_scatter_cuda(const at::Tensor& rowptr, const at::Tensor& col,
+                                                  const at::Tensor& weight,
+                                                  const at::Tensor& grad_out, int64_t num_src) {
+  check_compressed(rowptr, "rowptr", col, "col");
+  check_value(weight, "weight", 2);
+  check_value(grad_out, "grad_out", 3);
+  check_same_dtype(weight, "weight", grad_out, "grad_out");
+  check_same_device(rowptr, "rowptr", grad_out, "grad_out");
+  check_same_device(weight, "weight", grad_out, "grad_out");
+  const int64_t N_dst = rowptr.numel() - 1, E = col.numel();
+  const int64_t H = grad_out.size(1), D = grad_out.size(2);
+  TORCH_CHECK(num_src >= 0, "num_src must be non-negative, got ", num_src);
+  TORCH_CHECK(grad_out.size(0) == N_dst, "grad_out.size(0) (", grad_out.size(0),
+              ") must equal rowptr.numel() - 1 (", N_dst, ")");
+  TORCH_CHECK(weight.size(0) == E && weight.size(1) == H, "weight must have shape [", E, ", ", H,
+              "] (edges, heads), got ", weight.sizes());
+  TORCH_CHECK(grad_out.is_cuda(), "grad_out must be a CUDA tensor for the CUDA kernel");
+  check_int_width(H, D);
+  const c10::cuda::CUDAGuard guard(grad_out.device());
+  auto acc = at::zeros({num_src, H, D},
+                       grad_out.options().dtype(at::toOpMathType(grad_out.scalar_type())));
+  if (acc.numel() == 0 || E == 0 || N_dst == 0) return acc.to(grad_out.scalar_type());
+  const auto rowptr_c = rowptr.contiguous(), col_c = col.contiguous();
+  const auto weight_c = weight.contiguous(), go = grad_out.contiguous();
+  FLOAT_SWITCH(go.scalar_type(), "multihead_spmm_backward_x_scatter", [&] {
+    INDEX_SWITCH(rowptr.scalar_type(), "multihead_spmm_backward_x_scatter", [&] {
+      using acc_t = at::opmath_type<scalar_t>;
+      const int G = next_pow2(H * D);
+      at::Tensor storage;
+      const auto* rp = rowptr_c.data_ptr<index_t>();
+      const WorkList wl = make_work_list(rp, N_dst, E, G, storage, rowptr.options());
+      auto kernel = scatter_kernel<scalar_t, index_t>;
+      kernel<<<persistent_grid(kernel, wl, N_dst), kThreads, 0,
+               c10::cuda::getCurrentCUDAStream()>>>(
+          rp, col_c.data_ptr<index_t>(), weight_c.data_ptr<scalar_t>(), go.data_ptr<scalar_t>(),
+          acc.data_ptr<acc_t>(), N_dst, num_src, E, static_cast<int>(H), static_cast<int>(D), G,
+          wl);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  });
+  return acc.to(grad_out.scalar_type());
+}
+
+at::Tensor multihead_sddmm_cuda(const at::Tensor& rowptr, const at::Tensor& col,
+                                const at::Tensor& a, const at::Tensor& b) {
+  check_compressed(rowptr, "rowptr", col, "col");
+  check_value(a, "a", 3);
+  check_value(b, "b", 3);
+  check_same_dtype(a, "a", b, "b");
+  check_same_device(rowptr, "rowptr", a, "a");
+  check_same_device(a, "a", b, "b");
+  const int64_t N_dst = rowptr.numel() - 1, E = col.numel();
+  const int64_t N_src = b.size(0), H = a.size(1), D = a.size(2);
+  TORCH_CHECK(a.size(0) == N_dst, "a.size(0) (", a.size(0), ") must equal rowptr.numel() - 1 (",
+              N_dst, ")");
+  TORCH_CHECK(b.size(1) == H && b.size(2) == D, "a and b must agree in heads and channels, got ",
+              a.sizes(), " and ", b.sizes());
+  TORCH_CHECK(a.is_cuda(), "a must be a CUDA tensor for the CUDA kernel");
+  check_int_width(H, D);
+  const c10::cuda::CUDAGuard guard(a.device());
+  if (E * H == 0) return at::empty({E, H}, a.options());
+  // D == 0 gives empty dot products; without rows no edge is covered.
+  if (D == 0 || N_dst == 0) return at::zeros({E, H}, a.options());
+  auto out = at::empty({E, H}, a.options());
+  const auto rowptr_c = rowptr.contiguous(), col_c = col.contiguous();
+  const auto a_c = a.contiguous(), b_c = b.contiguous();
+  FLOAT_SWITCH(a.scalar_type(), "multihead_sddmm", [&] {
+    INDEX_SWITCH(rowptr.scalar_type(), "multihead_sddmm", [&] {
+      DotParams<scalar_t, index_t> d{};
+      d.ptr = rowptr_c.data_ptr<index_t>();
+      d.idx = col_c.data_ptr<index_t>();
+      d.perm = nullptr;
+      d.rowval = a_c.data_ptr<scalar_t>();
+      d.gathered = b_c.data_ptr<scalar_t>();
+      d.weight = nullptr;
+      d.acc_out = nullptr;
+      d.dot_out = out.data_ptr<scalar_t>();
+      d.num_rows = N_dst;
+      d.num_gathered = N_src;
+      d.num_edges = E;
+      d.H = static_cast<int>(H);
+      d.D = static_cast<int>(D);
+      d.HD = static_cast<int>(H * D);
+      launch_dot(d, rowptr.options());
+    });
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(pyg_multihead_agg, CUDA, m) {
+  m.impl("multihead_spmm", &multihead_spmm_cuda);
+  m.impl("multihead_spmm_backward_csc", &multihead_spmm_backward_csc_cuda);
+  m.impl("multihead_spmm_backward_x_scatter", &multihead_spmm_backward_x_scatter_cuda);
+  m.impl("multihead_sddmm", &multihead_sddmm_cuda);
+}
+
+}  // namespace pyg_multihead_agg
