@@ -9,6 +9,10 @@ MODE="${1:-all}"; shift || true
 OUT="${OUT:-$PWD/gpu_out}"; LOGS="$(mktemp -d)/gpu_results"; mkdir -p "$OUT" "$LOGS"
 trap 'tar -czf "$LOGS/gpu_results.tar.gz" -C "$(dirname "$LOGS")" gpu_results' EXIT
 export PYTHONUNBUFFERED=1 MAX_JOBS="${MAX_JOBS:-16}" TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
+# The GPU image's default CXX (/opt/gcc) links libstdc++ statically into the
+# extension, whose uninitialised iostreams then crash in every TORCH_CHECK
+# message; the system compiler links it dynamically like torch.
+if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CC=/usr/bin/gcc; fi
 export PYG_MULTIHEAD_AGG_DATA="${PYG_MULTIHEAD_AGG_DATA:-$PWD/.device/data}"
 { nvidia-smi; python3 -c "import torch, torch_geometric; print('torch', torch.__version__, torch.version.cuda, 'PyG', torch_geometric.__version__)"; git log -1 --format='commit %H %s' 2>/dev/null; } > "$LOGS/env.txt" 2>&1
 start=$(date +%s)

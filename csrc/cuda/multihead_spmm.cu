@@ -47,6 +47,9 @@ namespace {
 constexpr int kThreads = 256;       // threads per block, every kernel
 constexpr int kLoadsInFlight = 8;   // 16-byte gathers per lane per unrolled step
 constexpr int kMaxVPL = 4;          // vectors per lane before chunking the row
+// Kernels declare __launch_bounds__(kThreads, 1): without the minimum, ptxas
+// (CUDA 13) caps registers at occupancy steps (64, 80, 128) and spills a few
+// bytes in the hot loop; with it, no kernel spills.
 
 // ---------------------------------------------------------------------------
 // Device helpers
@@ -158,7 +161,7 @@ struct WorkList {
 };
 
 template <typename index_t>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 1)
     find_long_rows_kernel(const index_t* __restrict__ ptr, int64_t num_rows, int64_t num_edges,
                           WorkList wl, int64_t* __restrict__ long_rows) {
   for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < num_rows;
@@ -204,10 +207,12 @@ __device__ __forceinline__ void for_each_work_item(const index_t* ptr, int64_t n
   }
 }
 
-// The contiguous slice of [lo, hi) that group `group` of `groups` takes in a long row.
+// The contiguous slice of [lo, hi) that group `group` of `groups` (a power of
+// two: a shift, not a 64-bit division, which would be a subroutine call) takes
+// in a long row.
 __device__ __forceinline__ void group_slice(int64_t lo, int64_t hi, int group, int groups,
                                             int64_t& slo, int64_t& shi) {
-  const int64_t len = (hi - lo + groups - 1) / groups;
+  const int64_t len = (hi - lo + groups - 1) >> (__ffs(groups) - 1);
   slo = min(hi, lo + group * len);
   shi = min(hi, slo + len);
 }
@@ -252,19 +257,22 @@ struct GatherParams {
   int H, D, HD, G, num_chunks;
 };
 
-// U consecutive entries e..e+U-1: U*VPL independent gathers, then the FMAs.
+// Entries e..min(e+U, hi)-1: U*VPL independent gathers, then the FMAs. The
+// last, partial step is predicated rather than run one entry at a time, so a
+// row of 14 edges costs two round trips of latency, not seven.
 template <int U, typename scalar_t, typename index_t, int V, int VPL>
 __device__ __forceinline__ void gather_step(at::opmath_type<scalar_t> (&acc)[VPL][V], int64_t e,
-                                            const GatherParams<scalar_t, index_t>& p,
+                                            int64_t hi, const GatherParams<scalar_t, index_t>& p,
                                             const LaneMap<VPL>& m) {
   using acc_t = at::opmath_type<scalar_t>;
   int64_t src[U], we[U];
   bool ok[U];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    src[u] = load_index(p.idx + e + u);
-    we[u] = p.wperm != nullptr ? load_index(p.wperm + e + u) : e + u;
-    ok[u] = in_range(src[u], p.num_src) && in_range(we[u], p.num_edges);
+    const bool inside = e + u < hi;
+    src[u] = inside ? load_index(p.idx + e + u) : -1;
+    we[u] = (inside && p.wperm != nullptr) ? load_index(p.wperm + e + u) : e + u;
+    ok[u] = inside && in_range(src[u], p.num_src) && in_range(we[u], p.num_edges);
   }
   Vec<scalar_t, V> xv[U][VPL];
   acc_t w[U][VPL];
@@ -298,13 +306,11 @@ __device__ __forceinline__ void gather_entries(at::opmath_type<scalar_t> (&acc)[
   for (int k = 0; k < VPL; ++k)
 #pragma unroll
     for (int v = 0; v < V; ++v) acc[k][v] = 0;
-  int64_t e = lo;
-  for (; e + U <= hi; e += U) gather_step<U>(acc, e, p, m);
-  for (; e < hi; ++e) gather_step<1>(acc, e, p, m);
+  for (int64_t e = lo; e < hi; e += U) gather_step<U>(acc, e, hi, p, m);
 }
 
 template <typename scalar_t, typename index_t, int V, int VPL>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 1)
     gather_kernel(const GatherParams<scalar_t, index_t> p, const WorkList wl) {
   using acc_t = at::opmath_type<scalar_t>;
   __shared__ acc_t red[kThreads * VPL * V];
@@ -364,8 +370,8 @@ struct DotParams {
 
 template <int U, typename scalar_t, typename index_t, int V, int VPL>
 __device__ __forceinline__ void dot_step(at::opmath_type<scalar_t> (&acc)[VPL][V],
-                                         const at::opmath_type<scalar_t> (&rv)[VPL][V],
-                                         int64_t e0, const DotParams<scalar_t, index_t>& p,
+                                         const Vec<scalar_t, V> (&rv)[VPL], int64_t e0,
+                                         int64_t hi, const DotParams<scalar_t, index_t>& p,
                                          const LaneMap<VPL>& m, const bool (&last)[VPL],
                                          unsigned mask, bool leader) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -374,9 +380,10 @@ __device__ __forceinline__ void dot_step(at::opmath_type<scalar_t> (&acc)[VPL][V
   bool ok[U], e_ok[U];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    src[u] = load_index(p.idx + e0 + u);
-    e[u] = p.perm != nullptr ? load_index(p.perm + e0 + u) : e0 + u;
-    e_ok[u] = in_range(e[u], p.num_edges);
+    const bool inside = e0 + u < hi;  // the last step of a row is partial
+    src[u] = inside ? load_index(p.idx + e0 + u) : -1;
+    e[u] = (inside && p.perm != nullptr) ? load_index(p.perm + e0 + u) : e0 + u;
+    e_ok[u] = inside && in_range(e[u], p.num_edges);
     ok[u] = e_ok[u] && in_range(src[u], p.num_gathered);
   }
   Vec<scalar_t, V> gv[U][VPL];
@@ -392,6 +399,7 @@ __device__ __forceinline__ void dot_step(at::opmath_type<scalar_t> (&acc)[VPL][V
     }
 #pragma unroll
   for (int u = 0; u < U; ++u) {
+    if (e0 + u >= hi) break;  // group-uniform: no shuffles for the padding of a partial step
     acc_t run = 0;
 #pragma unroll
     for (int k = 0; k < VPL; ++k) {
@@ -399,7 +407,7 @@ __device__ __forceinline__ void dot_step(at::opmath_type<scalar_t> (&acc)[VPL][V
       for (int v = 0; v < V; ++v) {
         const acc_t g = static_cast<acc_t>(gv[u][k].val[v]);
         acc[k][v] += w[u][k] * g;
-        run += g * rv[k][v];
+        run += g * static_cast<acc_t>(rv[k].val[v]);
       }
       // `last` is the same for all lanes of the group, so the shuffles are
       // group-uniform. Vectors k that share a head were summed into `run`.
@@ -418,32 +426,26 @@ __device__ __forceinline__ void dot_entries(at::opmath_type<scalar_t> (&acc)[VPL
                                             int64_t r, int64_t lo, int64_t hi,
                                             const DotParams<scalar_t, index_t>& p,
                                             const LaneMap<VPL>& m, int lane) {
-  using acc_t = at::opmath_type<scalar_t>;
   constexpr int U = kLoadsInFlight / VPL;
-  acc_t rv[VPL][V];
+  Vec<scalar_t, V> rv[VPL];  // kept in the input dtype: half the registers for half types
   bool last[VPL];
 #pragma unroll
   for (int k = 0; k < VPL; ++k) {
-    const auto raw = m.valid[k] ? load_vec<scalar_t, V>(p.rowval + r * p.HD + m.feat[k])
-                                : zero_vec<scalar_t, V>();
+    rv[k] = m.valid[k] ? load_vec<scalar_t, V>(p.rowval + r * p.HD + m.feat[k])
+                       : zero_vec<scalar_t, V>();
 #pragma unroll
-    for (int v = 0; v < V; ++v) {
-      rv[k][v] = static_cast<acc_t>(raw.val[v]);
-      acc[k][v] = 0;
-    }
+    for (int v = 0; v < V; ++v) acc[k][v] = 0;
     // Heads span G * k-consecutive vectors only when D / V >= G, and then the
     // whole group shares m.head[k]; otherwise every k is a head of its own.
     last[k] = k == VPL - 1 || m.head[k + (k < VPL - 1 ? 1 : 0)] != m.head[k];
   }
   const unsigned mask = group_mask(p.G);
   const bool leader = (lane & (p.S - 1)) == 0;
-  int64_t e = lo;
-  for (; e + U <= hi; e += U) dot_step<U>(acc, rv, e, p, m, last, mask, leader);
-  for (; e < hi; ++e) dot_step<1>(acc, rv, e, p, m, last, mask, leader);
+  for (int64_t e = lo; e < hi; e += U) dot_step<U>(acc, rv, e, hi, p, m, last, mask, leader);
 }
 
 template <typename scalar_t, typename index_t, int V, int VPL>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 1)
     dot_gather_kernel(const DotParams<scalar_t, index_t> p, const WorkList wl) {
   using acc_t = at::opmath_type<scalar_t>;
   __shared__ acc_t red[kThreads * VPL * V];
@@ -485,7 +487,7 @@ __global__ void __launch_bounds__(kThreads)
 // ---------------------------------------------------------------------------
 
 template <typename scalar_t, typename index_t>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 1)
     sddmm_generic_kernel(const DotParams<scalar_t, index_t> p, const WorkList wl) {
   using acc_t = at::opmath_type<scalar_t>;
   const int G = p.G, lane = threadIdx.x & (G - 1);
@@ -525,7 +527,7 @@ __global__ void __launch_bounds__(kThreads)
 // ---------------------------------------------------------------------------
 
 template <typename scalar_t, typename index_t>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 1)
     scatter_kernel(const index_t* __restrict__ rowptr, const index_t* __restrict__ col,
                    const scalar_t* __restrict__ weight, const scalar_t* __restrict__ grad_out,
                    at::opmath_type<scalar_t>* __restrict__ acc, int64_t num_rows,

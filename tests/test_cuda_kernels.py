@@ -1,0 +1,312 @@
+"""The CUDA kernels of every op against a float64 plain-PyTorch reference.
+
+Shapes are chosen to hit every specialisation of csrc/cuda/multihead_spmm.cu:
+16-byte vectors with 1, 2 and 4 vectors per lane and several feature chunks,
+groups of 1..32 lanes, the scalar path (D not a multiple of the vector width,
+or unaligned x), the generic SDDMM (D / V not a power of two, or heads wider
+than a chunk), and long rows handled by a whole block (more than 64 edges).
+"""
+import pytest
+import torch
+
+from pyg_multihead_agg import csr_to_csc
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+ops = torch.ops.pyg_multihead_agg
+FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+INDICES = [torch.int32, torch.int64]
+# Relative error in norm against float64; half types round the output only
+# (they accumulate in float32).
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5, torch.float64: 1e-12}
+# (H, D): every D of the fast paths and the fallbacks, odd H; (2, 24) has a
+# power-of-two-free D / V (generic SDDMM, vector gather), (1, 1024) has heads
+# wider than a feature chunk in float32.
+HEADS_CHANNELS = [(h, d) for h in (1, 3, 4, 8) for d in (1, 3, 8, 16, 32, 64, 128, 256, 33)]
+HEADS_CHANNELS += [(2, 24), (1, 1024)]
+
+
+# ---------------------------------------------------------------------------
+# Graphs and references (float64, CPU, index_select / index_add)
+# ---------------------------------------------------------------------------
+
+def csr_from_degrees(deg, num_src, gen, skew=1.0):
+    """CSR with the given row degrees; sources `num_src * v**skew` (popular low ids)."""
+    rowptr = torch.zeros(deg.numel() + 1, dtype=torch.long)
+    rowptr[1:] = deg.cumsum(0)
+    num_edges = int(rowptr[-1])
+    col = (num_src * torch.rand(num_edges, generator=gen) ** skew).long().clamp_max(num_src - 1)
+    return rowptr, col
+
+
+def random_graph(num_dst, num_src, num_edges, gen):
+    """Uniform random rows, some of them empty."""
+    if num_dst == 0 or num_src == 0:
+        return torch.zeros(num_dst + 1, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+    row = torch.randint(0, num_dst, (num_edges,), generator=gen).sort().values
+    deg = torch.bincount(row, minlength=num_dst)
+    return csr_from_degrees(deg, num_src, gen)
+
+
+def power_law_graph(num_dst, num_src, gen, hub_degree=6000):
+    """Pareto-like degrees, empty rows, one hub of `hub_degree` edges, skewed sources."""
+    u = torch.rand(num_dst, generator=gen)
+    deg = (3 * u ** -0.7).long().clamp_max(1500)
+    deg[::7] = 0
+    deg[num_dst // 3] = hub_degree
+    return csr_from_degrees(deg, num_src, gen, skew=3.0)
+
+
+def rows_of(rowptr):
+    return torch.repeat_interleave(torch.arange(rowptr.numel() - 1), rowptr.diff())
+
+
+def ref_spmm(rowptr, col, weight, x):
+    rowptr, col, weight, x = rowptr.cpu(), col.cpu().long(), weight.cpu().double(), x.cpu().double()
+    out = torch.zeros(rowptr.numel() - 1, x.size(1), x.size(2), dtype=torch.float64)
+    return out.index_add_(0, rows_of(rowptr.long()), weight.unsqueeze(-1) * x.index_select(0, col))
+
+
+def ref_sddmm(rowptr, col, a, b):
+    row = rows_of(rowptr.cpu().long())
+    a, b = a.cpu().double(), b.cpu().double()
+    return (a.index_select(0, row) * b.index_select(0, col.cpu().long())).sum(-1)
+
+
+def ref_grad_x(rowptr, col, weight, grad_out, num_src):
+    row = rows_of(rowptr.cpu().long())
+    weight, grad_out = weight.cpu().double(), grad_out.cpu().double()
+    out = torch.zeros(num_src, grad_out.size(1), grad_out.size(2), dtype=torch.float64)
+    return out.index_add_(0, col.cpu().long(),
+                          weight.unsqueeze(-1) * grad_out.index_select(0, row))
+
+
+def assert_close(out, ref, dtype, what):
+    assert out.dtype == dtype, (what, out.dtype)
+    out = out.detach().cpu().double()
+    assert out.shape == ref.shape, (what, tuple(out.shape), tuple(ref.shape))
+    assert torch.isfinite(out).all(), f"{what}: NaN or inf in the output"
+    if ref.numel() == 0:
+        return
+    err = float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+    assert err <= TOL[dtype], f"{what}: relative error {err:.3g} > {TOL[dtype]:.3g}"
+
+
+def poison(shape, dtype):
+    """Fill the caching allocator's next block of this size with NaN, so an
+    output that is not fully written shows up."""
+    t = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+    del t
+
+
+def make_values(rowptr, col, num_src, heads, channels, dtype, gen):
+    num_dst = rowptr.numel() - 1
+    weight = torch.randn(col.numel(), heads, generator=gen).to(dtype)
+    x = torch.randn(num_src, heads, channels, generator=gen).to(dtype)
+    grad_out = torch.randn(num_dst, heads, channels, generator=gen).to(dtype)
+    return weight.cuda(), x.cuda(), grad_out.cuda()
+
+
+def check_all_ops(rowptr, col, weight, x, grad_out, dtype):
+    """Every op against the reference, outputs poisoned first; returns the outputs."""
+    num_dst, num_src = rowptr.numel() - 1, x.size(0)
+    H, D = x.size(1), x.size(2)
+    poison((num_dst, H, D), dtype)
+    out = ops.multihead_spmm(rowptr, col, weight, x)
+    assert_close(out, ref_spmm(rowptr, col, weight, x), dtype, "forward")
+
+    colptr, row, perm = csr_to_csc(rowptr, col, num_src)
+    assert colptr.dtype == row.dtype == perm.dtype == col.dtype
+    ref_gx = ref_grad_x(rowptr, col, weight, grad_out, num_src)
+    ref_gw = ref_sddmm(rowptr, col, grad_out, x)
+    poison((num_src, H, D), dtype)
+    gx, gw = ops.multihead_spmm_backward_csc(colptr, row, perm, weight, x, grad_out)
+    assert_close(gx, ref_gx, dtype, "backward_csc grad_x")
+    assert_close(gw, ref_gw, dtype, "backward_csc grad_weight")
+    gx_only, gw_empty = ops.multihead_spmm_backward_csc(colptr, row, perm, weight, None, grad_out)
+    assert_close(gx_only, ref_gx, dtype, "backward_csc grad_x only")
+    assert gw_empty.shape == (0, H)
+    gx_empty, gw_only = ops.multihead_spmm_backward_csc(colptr, row, perm, None, x, grad_out)
+    assert_close(gw_only, ref_gw, dtype, "backward_csc grad_weight only")
+    assert gx_empty.shape == (0, H, D)
+
+    poison((num_src, H, D), dtype)
+    gx_scatter = ops.multihead_spmm_backward_x_scatter(rowptr, col, weight, grad_out, num_src)
+    assert_close(gx_scatter, ref_gx, dtype, "backward_x_scatter")
+
+    poison((col.numel(), H), dtype)
+    sddmm = ops.multihead_sddmm(rowptr, col, grad_out, x)
+    assert_close(sddmm, ref_gw, dtype, "sddmm")
+    return out, gx, gw
+
+
+# ---------------------------------------------------------------------------
+# Tests
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("index_dtype", INDICES)
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("heads,channels", HEADS_CHANNELS)
+def test_every_specialisation(heads, channels, dtype, index_dtype):
+    gen = torch.Generator().manual_seed(heads * 1000 + channels)
+    rowptr, col = random_graph(23, 31, 150, gen)
+    weight, x, grad_out = make_values(rowptr, col, 31, heads, channels, dtype, gen)
+    check_all_ops(rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype), weight, x,
+                  grad_out, dtype)
+
+
+@pytest.mark.parametrize("index_dtype", INDICES)
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("heads,channels", [(1, 1), (8, 8), (4, 32), (8, 128), (3, 33), (1, 1024)])
+def test_power_law_with_hub(heads, channels, dtype, index_dtype):
+    """Rows above 64 edges (and the 6000-edge hub) take the block-wide path, so
+    do popular sources in the CSC of the backward."""
+    gen = torch.Generator().manual_seed(channels)
+    rowptr, col = power_law_graph(300, 200, gen)
+    assert int(rowptr.diff().max()) > 5000 and int((rowptr.diff() == 0).sum()) > 0
+    weight, x, grad_out = make_values(rowptr, col, 200, heads, channels, dtype, gen)
+    check_all_ops(rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype), weight, x,
+                  grad_out, dtype)
+
+
+@pytest.mark.parametrize("index_dtype", INDICES)
+@pytest.mark.parametrize("num_dst,num_src,num_edges", [
+    (12, 9, 0),      # no edges
+    (0, 7, 0),       # no destination rows
+    (5, 0, 0),       # no source nodes
+    (64, 64, 5),     # mostly empty rows
+    (7, 300, 40),    # N_src > N_dst
+    (300, 7, 900),   # N_src < N_dst
+])
+def test_empty_and_bipartite(num_dst, num_src, num_edges, index_dtype):
+    gen = torch.Generator().manual_seed(num_dst + num_src + num_edges)
+    for dtype in (torch.float32, torch.bfloat16):
+        rowptr, col = random_graph(num_dst, num_src, num_edges, gen)
+        weight, x, grad_out = make_values(rowptr, col, num_src, 4, 16, dtype, gen)
+        check_all_ops(rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype), weight, x,
+                      grad_out, dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_unaligned_and_non_contiguous_inputs(dtype):
+    gen = torch.Generator().manual_seed(3)
+    rowptr, col = power_law_graph(100, 80, gen, hub_degree=500)
+    rowptr, col = rowptr.cuda(), col.cuda()
+    H, D = 4, 32
+    weight, x, grad_out = make_values(rowptr, col, 80, H, D, dtype, gen)
+
+    def unaligned(t):  # contiguous, but starting one element past a 16-byte boundary
+        flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+        out = flat[1:].view(t.shape)
+        out.copy_(t)
+        assert out.is_contiguous() and out.data_ptr() % 16 != 0
+        return out
+
+    sliced_x = torch.cat([x, x], dim=-1)[:, :, :D]  # non-contiguous view
+    assert not sliced_x.is_contiguous()
+    check_all_ops(rowptr, col, unaligned(weight), unaligned(x), unaligned(grad_out), dtype)
+    check_all_ops(rowptr, col, weight.t().contiguous().t(), sliced_x, grad_out, dtype)
+    # Only a or only b unaligned in the SDDMM.
+    ref = ref_sddmm(rowptr, col, grad_out, x)
+    assert_close(ops.multihead_sddmm(rowptr, col, unaligned(grad_out), x), ref, dtype, "sddmm a")
+    assert_close(ops.multihead_sddmm(rowptr, col, grad_out, unaligned(x)), ref, dtype, "sddmm b")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_deterministic(dtype):
+    """Forward and backward_csc are bitwise reproducible, long rows included."""
+    gen = torch.Generator().manual_seed(4)
+    rowptr, col = power_law_graph(400, 300, gen)
+    rowptr, col = rowptr.cuda(), col.cuda()
+    colptr, row, perm = csr_to_csc(rowptr, col, 300)
+    for H, D in ((4, 32), (3, 33)):  # vector and scalar paths
+        weight, x, grad_out = make_values(rowptr, col, 300, H, D, dtype, gen)
+        out = ops.multihead_spmm(rowptr, col, weight, x)
+        grad_x, grad_weight = ops.multihead_spmm_backward_csc(colptr, row, perm, weight, x,
+                                                              grad_out)
+        for _ in range(2):
+            assert torch.equal(ops.multihead_spmm(rowptr, col, weight, x), out)
+            again = ops.multihead_spmm_backward_csc(colptr, row, perm, weight, x, grad_out)
+            assert torch.equal(again[0], grad_x) and torch.equal(again[1], grad_weight)
+
+
+def malformed_graphs(num_dst, num_src, num_edges, gen):
+    rowptr, col = random_graph(num_dst, num_src, num_edges, gen)
+    bad_col = col.clone()
+    bad_col[::5] = num_src + 7
+    bad_col[1::5] = -3
+    decreasing = rowptr.clone()
+    decreasing[num_dst // 2] = num_edges + 50
+    decreasing[num_dst // 2 + 1] = 2
+    shifted = rowptr - 10  # negative start, ends short of E
+    overflow = rowptr.clone()
+    overflow[-1] = num_edges * 4
+    return [(rowptr, bad_col), (decreasing, col), (shifted, col), (overflow, col)]
+
+
+@pytest.mark.parametrize("index_dtype", INDICES)
+def test_malformed_graphs_do_not_fault(index_dtype):
+    """No validation in the kernels, but no out-of-bounds access either: the
+    CUDA context stays usable and a following valid call is right."""
+    gen = torch.Generator().manual_seed(5)
+    num_dst, num_src, num_edges = 40, 30, 400
+    dtype = torch.float32
+    for H, D in ((4, 32), (3, 33)):
+        for rowptr, col in malformed_graphs(num_dst, num_src, num_edges, gen):
+            rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
+            weight, x, grad_out = make_values(rowptr, col, num_src, H, D, dtype, gen)
+            ops.multihead_spmm(rowptr, col, weight, x)
+            ops.multihead_sddmm(rowptr, col, grad_out, x)
+            ops.multihead_spmm_backward_x_scatter(rowptr, col, weight, grad_out, num_src)
+            # A CSC with the same defects: out-of-range rows and perm entries.
+            ops.multihead_spmm_backward_csc(rowptr[: num_src + 1], col[:num_edges] % 1000,
+                                            col, weight, x, grad_out)
+            ops.multihead_spmm_backward_csc(rowptr[: num_src + 1], col, col, weight, None,
+                                            grad_out)
+            torch.cuda.synchronize()
+    rowptr, col = random_graph(num_dst, num_src, num_edges, gen)
+    weight, x, grad_out = make_values(rowptr, col, num_src, 4, 32, dtype, gen)
+    check_all_ops(rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype), weight, x,
+                  grad_out, dtype)
+    torch.cuda.synchronize()
+
+
+def test_argument_checks_match_cpu():
+    """The CUDA entry points raise the CPU kernels' errors."""
+    gen = torch.Generator().manual_seed(6)
+    rowptr, col = random_graph(10, 12, 50, gen)
+    weight = torch.randn(50, 4, generator=gen)
+    x = torch.randn(12, 4, 8, generator=gen)
+    grad_out = torch.randn(10, 4, 8, generator=gen)
+    colptr, row, perm = csr_to_csc(rowptr, col, 12)
+    cases = [
+        lambda d: ops.multihead_spmm(rowptr.to(d), col.to(d), weight[:-1].to(d), x.to(d)),
+        lambda d: ops.multihead_spmm(rowptr.to(d), col.to(d), weight[:, :3].to(d), x.to(d)),
+        lambda d: ops.multihead_spmm(rowptr.to(d).int(), col.to(d), weight.to(d), x.to(d)),
+        lambda d: ops.multihead_spmm(rowptr.to(d), col.to(d), weight.to(d), x.to(d).half()),
+        lambda d: ops.multihead_spmm(rowptr.to(d).float(), col.to(d), weight.to(d), x.to(d)),
+        lambda d: ops.multihead_spmm_backward_csc(colptr.to(d), row.to(d), perm.to(d)[:-1],
+                                                  weight.to(d), x.to(d), grad_out.to(d)),
+        lambda d: ops.multihead_spmm_backward_csc(colptr.to(d), row.to(d), perm.to(d),
+                                                  weight.to(d), x.to(d)[:-1], grad_out.to(d)),
+        lambda d: ops.multihead_spmm_backward_csc(colptr.to(d), row.to(d), perm.to(d),
+                                                  weight.to(d)[:, :2], None, grad_out.to(d)),
+        lambda d: ops.multihead_spmm_backward_x_scatter(rowptr.to(d), col.to(d), weight.to(d),
+                                                        grad_out.to(d)[:-1], 12),
+        lambda d: ops.multihead_spmm_backward_x_scatter(rowptr.to(d), col.to(d), weight.to(d),
+                                                        grad_out.to(d), -1),
+        lambda d: ops.multihead_sddmm(rowptr.to(d), col.to(d), grad_out.to(d)[:-1], x.to(d)),
+        lambda d: ops.multihead_sddmm(rowptr.to(d), col.to(d), grad_out.to(d),
+                                      x.to(d)[:, :, :4]),
+    ]
+    for i, case in enumerate(cases):
+        with pytest.raises(RuntimeError) as cpu_error:
+            case("cpu")
+        with pytest.raises(RuntimeError) as cuda_error:
+            case("cuda")
+        cpu_msg = str(cpu_error.value).splitlines()[0]
+        cuda_msg = str(cuda_error.value).splitlines()[0]
+        assert cpu_msg == cuda_msg, (i, cpu_msg, cuda_msg)

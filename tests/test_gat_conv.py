@@ -1,0 +1,358 @@
+"""pyg_multihead_agg.nn.GATConv against torch_geometric.nn.GATConv.
+
+The reference is PyG's own GATConv in float64 on a plain edge_index, with the
+same (loaded) weights; each adjacency type of the fused layer must match it in
+outputs, attention weights and gradients, and the fused operator must have run.
+"""
+from typing import NamedTuple, Optional
+
+import pytest
+import torch
+import torch_geometric.nn
+from conftest import DEVICES, rel_error
+from torch_geometric import EdgeIndex
+from torch_geometric.index import index2ptr
+from torch_geometric.typing import WITH_TORCH_SPARSE, SparseTensor
+from torch_geometric.utils import coalesce
+
+from pyg_multihead_agg.nn import GATConv
+
+KINDS = [
+    "edge_index",
+    "edge_index_sorted",
+    pytest.param("sparse_tensor", marks=pytest.mark.skipif(
+        not WITH_TORCH_SPARSE, reason="needs torch_sparse")),
+    "torch_csr",
+]
+FUSED_KINDS = KINDS[1:]
+TOL = {torch.float32: 1e-5, torch.float64: 1e-12, torch.bfloat16: 5e-2}
+OP = "pyg_multihead_agg::multihead_spmm"
+
+
+class Case(NamedTuple):
+    name: str
+    num_src: int
+    num_dst: int
+    num_edges: int
+    bipartite: bool
+    edge_dim: Optional[int]
+    kwargs: dict
+
+
+CASES = [
+    Case("heads3", 30, 30, 120, False, None, dict(heads=3)),
+    Case("heads1_no_loops", 25, 25, 80, False, None, dict(heads=1, add_self_loops=False)),
+    Case("mean_heads", 20, 20, 60, False, None, dict(heads=4, concat=False)),
+    Case("residual_no_bias", 20, 20, 60, False, None, dict(heads=2, residual=True, bias=False)),
+    Case("edge_dim", 20, 20, 70, False, 3, dict(heads=2, edge_dim=3, add_self_loops=False)),
+    Case("edge_dim_loops", 20, 20, 70, False, 3, dict(heads=2, edge_dim=3, fill_value="mean")),
+    Case("bipartite", 30, 12, 80, True, None, dict(heads=2, add_self_loops=False)),
+    Case("bipartite_loops", 30, 12, 80, True, None, dict(heads=2)),
+    Case("isolated", 40, 40, 15, False, None, dict(heads=2, add_self_loops=False)),
+    Case("no_edges", 10, 10, 0, False, None, dict(heads=2, add_self_loops=False)),
+    Case("no_edges_loops", 10, 10, 0, False, None, dict(heads=2)),
+]
+
+
+def pyg_unsupported(case: Case, kind: str) -> bool:
+    # PyG itself refuses edge features + self-loops for sparse adjacencies.
+    return (case.edge_dim is not None and case.kwargs.get("add_self_loops", True)
+            and kind in ("sparse_tensor", "torch_csr"))
+
+
+def make_graph(case: Case, seed: int):
+    """Unique edges [2, E] (source, destination), sorted by (destination,
+    source): the CSR order of adj_t, so per-edge tensors line up for every
+    adjacency type."""
+    gen = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, max(case.num_src, 1), (case.num_edges,), generator=gen)
+    dst = torch.randint(0, max(case.num_dst, 1), (case.num_edges,), generator=gen)
+    dst_src = coalesce(torch.stack([dst, src]), num_nodes=max(case.num_src, case.num_dst))
+    edge_index = dst_src.flip(0)
+    in_src, in_dst = 7, 5
+    x_src = torch.randn(case.num_src, in_src, generator=gen, dtype=torch.float64)
+    x_dst = torch.randn(case.num_dst, in_dst, generator=gen, dtype=torch.float64)
+    edge_attr = None
+    if case.edge_dim is not None:
+        edge_attr = torch.randn(edge_index.size(1), case.edge_dim, generator=gen,
+                                dtype=torch.float64)
+    return edge_index, x_src, x_dst, edge_attr
+
+
+def make_adj(kind: str, edge_index, num_src: int, num_dst: int, index_dtype=torch.int64):
+    if kind == "edge_index":
+        return edge_index
+    src, dst = edge_index[0].to(index_dtype), edge_index[1].to(index_dtype)
+    if kind == "edge_index_sorted":
+        return EdgeIndex(torch.stack([src, dst]), sparse_size=(num_src, num_dst),
+                         sort_order="col")
+    if kind == "sparse_tensor":
+        return SparseTensor(row=dst, col=src, sparse_sizes=(num_dst, num_src), is_sorted=True)
+    assert kind == "torch_csr"
+    rowptr = index2ptr(dst, num_dst).to(index_dtype)
+    value = torch.ones(src.numel(), dtype=torch.float64, device=src.device)
+    return torch.sparse_csr_tensor(rowptr, src, value, size=(num_dst, num_src))
+
+
+def make_layers(case: Case, seed: int):
+    in_channels = (7, 5) if case.bipartite else 7
+    torch.manual_seed(seed)
+    ref = torch_geometric.nn.GATConv(in_channels, 6, **case.kwargs)
+    ours = GATConv(in_channels, 6, **case.kwargs)
+    ours.load_state_dict(ref.state_dict())
+    return ref, ours
+
+
+def features(case, x_src, x_dst):
+    return (x_src, x_dst) if case.bipartite else x_src
+
+
+def size_arg(case, kind):
+    return (case.num_src, case.num_dst) if kind == "edge_index" else None
+
+
+def run(layer, case, kind, adj, x_src, x_dst, edge_attr, grad_seed=0):
+    """Forward + backward with a random output gradient; returns the output
+    and the gradients of inputs and parameters by name."""
+    x_src = x_src.detach().requires_grad_()
+    x_dst = x_dst.detach().requires_grad_()
+    if edge_attr is not None:
+        edge_attr = edge_attr.detach().requires_grad_()
+    layer.zero_grad()
+    out = layer(features(case, x_src, x_dst), adj, edge_attr, size=size_arg(case, kind))
+    gen = torch.Generator().manual_seed(grad_seed)
+    grad = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(out)
+    out.backward(grad)
+    grads = {"x_src": x_src.grad}
+    if case.bipartite:
+        grads["x_dst"] = x_dst.grad
+    if edge_attr is not None:
+        grads["edge_attr"] = edge_attr.grad
+    for name, p in layer.named_parameters():
+        grads[name.removeprefix("_orig_mod.")] = p.grad  # torch.compile's wrapper
+    return out, grads
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_matches_pyg(case, kind, dtype, device):
+    if pyg_unsupported(case, kind):
+        pytest.skip("PyG does not support edge_attr with self-loops for sparse adjacencies")
+    seed = 1 + CASES.index(case)
+    edge_index, x_src, x_dst, edge_attr = make_graph(case, seed)
+    ref, ours = make_layers(case, seed)
+    ref_out, ref_grads = run(ref.double(), case, "edge_index", edge_index, x_src, x_dst,
+                             edge_attr)
+
+    ours = ours.to(device, dtype)
+    adj = make_adj(kind, edge_index.to(device), case.num_src, case.num_dst)
+    to = dict(device=device, dtype=dtype)
+    out, grads = run(ours, case, kind, adj, x_src.to(**to), x_dst.to(**to),
+                     None if edge_attr is None else edge_attr.to(**to))
+    assert out.dtype == dtype and out.device.type == device
+    assert rel_error(out, ref_out) <= TOL[dtype]
+    assert grads.keys() == ref_grads.keys()
+    for name, ref_grad in ref_grads.items():
+        if ref_grad is None:  # e.g. a parameter that does not reach the output
+            assert grads[name] is None or not grads[name].any(), name
+            continue
+        assert rel_error(grads[name], ref_grad) <= TOL[dtype], name
+
+
+@pytest.mark.parametrize("kind", ["edge_index_sorted", "torch_csr"])
+def test_int32_indices(kind):
+    case = CASES[0]
+    edge_index, x_src, x_dst, _ = make_graph(case, 3)
+    ref, ours = make_layers(case, 3)
+    adj = make_adj(kind, edge_index, case.num_src, case.num_dst, index_dtype=torch.int32)
+    out, grads = run(ours.double(), case, kind, adj, x_src, x_dst, None)
+    ref_out, ref_grads = run(ref.double(), case, "edge_index", edge_index, x_src, x_dst, None)
+    assert rel_error(out, ref_out) <= 1e-12
+    assert rel_error(grads["x_src"], ref_grads["x_src"]) <= 1e-12
+
+
+@pytest.mark.parametrize("kind", FUSED_KINDS)
+def test_bfloat16_loosely(kind):
+    case = CASES[0]
+    edge_index, x_src, x_dst, _ = make_graph(case, 4)
+    ref, ours = make_layers(case, 4)
+    adj = make_adj(kind, edge_index, case.num_src, case.num_dst)
+    out, grads = run(ours.to(torch.bfloat16), case, kind, adj, x_src.bfloat16(),
+                     x_dst.bfloat16(), None)
+    ref_out, ref_grads = run(ref.double(), case, "edge_index", edge_index, x_src, x_dst, None)
+    assert out.dtype == torch.bfloat16
+    assert rel_error(out, ref_out) <= TOL[torch.bfloat16]
+    assert rel_error(grads["lin.weight"], ref_grads["lin.weight"]) <= TOL[torch.bfloat16]
+
+
+def op_events(fn):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.name for e in prof.events() if e.name.startswith("pyg_multihead_agg::")}
+
+
+@pytest.mark.parametrize("add_self_loops", [False, True])
+@pytest.mark.parametrize("kind", KINDS)
+def test_fused_operator_runs(kind, add_self_loops):
+    case = CASES[0]._replace(kwargs=dict(heads=3, add_self_loops=add_self_loops))
+    edge_index, x_src, x_dst, _ = make_graph(case, 5)
+    _, ours = make_layers(case, 5)
+    adj = make_adj(kind, edge_index, case.num_src, case.num_dst)
+    events = op_events(lambda: run(ours, case, kind, adj, x_src.float(), x_dst.float(), None))
+    if kind == "edge_index":
+        assert events == set()
+    else:
+        # Forward on the CSR, backward as a gather over the cached CSC.
+        assert events == {OP, "pyg_multihead_agg::multihead_spmm_backward_csc"}
+
+
+@pytest.mark.parametrize("kind", FUSED_KINDS)
+@pytest.mark.parametrize("case", [c for c in CASES if c.name in
+                                  ("heads3", "edge_dim", "bipartite_loops", "no_edges")],
+                         ids=lambda c: c.name)
+def test_attention_weights(case, kind):
+    edge_index, x_src, x_dst, edge_attr = make_graph(case, 6)
+    ref, ours = make_layers(case, 6)
+    ref, ours = ref.double(), ours.double()
+    adj = make_adj(kind, edge_index, case.num_src, case.num_dst)
+    x = features(case, x_src, x_dst)
+    out, att = ours(x, adj, edge_attr, return_attention_weights=True)
+    pyg_out, pyg_att = ref(x, adj, edge_attr, return_attention_weights=True)
+    ref_out, ref_att = ref(x, edge_index, edge_attr, size=size_arg(case, "edge_index"),
+                           return_attention_weights=True)
+    assert rel_error(out, ref_out) <= 1e-12
+    assert type(att) is type(pyg_att)
+    if isinstance(att, tuple):
+        assert type(att[0]) is type(pyg_att[0]) and att[0].layout == pyg_att[0].layout
+    if kind == "edge_index_sorted":
+        assert att[0].is_sorted_by_col
+
+    def dense(a):
+        h = case.kwargs["heads"]
+        result = torch.zeros(case.num_dst, case.num_src, h, dtype=torch.float64)
+        if isinstance(a, SparseTensor):
+            row, col, value = a.coo()
+            return result.index_put_((row, col), value)
+        if a[0].is_sparse_csr:
+            return a[0].to_dense()
+        index = a[0].as_tensor() if isinstance(a[0], EdgeIndex) else a[0]
+        return result.index_put_((index[1], index[0]), a[1])
+
+    assert rel_error(dense(att), dense(ref_att)) <= 1e-12
+
+
+@pytest.mark.parametrize("kind", FUSED_KINDS)
+def test_dropout_in_training(kind):
+    case = CASES[0]._replace(kwargs=dict(heads=3, dropout=0.5, add_self_loops=False))
+    edge_index, x_src, _, _ = make_graph(case, 7)
+    ref, ours = make_layers(case, 7)
+    adj = make_adj(kind, edge_index, case.num_src, case.num_dst)
+    ours.eval()
+    eval_out = ours(x_src.float(), adj)
+    ours.train()
+    ref.train()
+    # Same edge order and same RNG stream: PyG draws the same dropout mask.
+    torch.manual_seed(11)
+    out = ours(x_src.float(), adj)
+    torch.manual_seed(11)
+    pyg_out = ref(x_src.float(), adj)
+    assert rel_error(out, pyg_out) <= 1e-5
+    assert rel_error(out, eval_out) > 1e-2
+
+
+def test_sparse_tensor_edge_attr_with_self_loops_raises_like_pyg():
+    pytest.importorskip("torch_sparse")
+    case = CASES[5]
+    edge_index, x_src, x_dst, edge_attr = make_graph(case, 8)
+    _, ours = make_layers(case, 8)
+    adj = make_adj("sparse_tensor", edge_index, case.num_src, case.num_dst)
+    with pytest.raises(NotImplementedError, match="edge_attr"):
+        ours(x_src.float(), adj, edge_attr.float())
+
+
+def test_caches_are_reused():
+    case = CASES[1]
+    edge_index, x_src, _, _ = make_graph(case, 9)
+    _, ours = make_layers(case, 9)
+    x = x_src.float()
+    adj = make_adj("edge_index_sorted", edge_index, case.num_src, case.num_dst)
+    ours(x, adj)
+    perm, indptr = adj._T_perm, adj._T_indptr
+    assert perm is not None and indptr is not None
+    ours(x, adj)
+    assert adj._T_perm is perm and adj._T_indptr is indptr
+    if WITH_TORCH_SPARSE:
+        adj = make_adj("sparse_tensor", edge_index, case.num_src, case.num_dst)
+        ours(x, adj)
+        csr2csc, colptr = adj.storage._csr2csc, adj.storage._colptr
+        assert csr2csc is not None and colptr is not None
+        ours(x, adj)
+        assert adj.storage._csr2csc is csr2csc and adj.storage._colptr is colptr
+
+
+def test_edge_index_without_sparse_size():
+    # Trailing isolated nodes: the inferred sparse size is too small.
+    case = Case("trailing", 12, 12, 20, False, None, dict(heads=2, add_self_loops=False))
+    edge_index, x_src, x_dst, _ = make_graph(case, 10)
+    edge_index = edge_index[:, (edge_index < 8).all(0)]
+    ref, ours = make_layers(case, 10)
+    adj = EdgeIndex(edge_index, sort_order="col")
+    out = ours(x_src.float(), adj)
+    assert rel_error(out, ref(x_src.float(), edge_index)) <= 1e-5
+
+
+def test_repr():
+    assert repr(GATConv(16, 8, heads=4)) == "GATConv(16, 8, heads=4)"
+    assert repr(GATConv((16, 4), 8)) == "GATConv((16, 4), 8, heads=1)"
+
+
+def test_state_dict_names_match_pyg():
+    kwargs = dict(heads=2, edge_dim=3, residual=True)
+    ref = torch_geometric.nn.GATConv((4, 5), 6, **kwargs)
+    ours = GATConv((4, 5), 6, **kwargs)
+    assert ref.state_dict().keys() == ours.state_dict().keys()
+
+
+# torch.compile. EdgeIndex and SparseTensor caches must be filled outside
+# the compiled region (fill_cache_()); see docs/layer.md.
+
+def compile_case(kind, add_self_loops, backend, fullgraph):
+    case = CASES[0]._replace(kwargs=dict(heads=3, add_self_loops=add_self_loops))
+    edge_index, x_src, x_dst, _ = make_graph(case, 12)
+    _, ours = make_layers(case, 12)
+    adj = make_adj(kind, edge_index, case.num_src, case.num_dst)
+    if kind in ("edge_index_sorted", "sparse_tensor"):
+        adj.fill_cache_()
+    x = x_src.float()
+    eager_out, eager_grads = run(ours, case, kind, adj, x, x_dst.float(), None)
+    torch._dynamo.reset()
+    compiled = torch.compile(ours, backend=backend, fullgraph=fullgraph)
+    events = op_events(lambda: run(compiled, case, kind, adj, x, x_dst.float(), None))
+    out, grads = run(compiled, case, kind, adj, x, x_dst.float(), None)
+    assert OP in events
+    assert rel_error(out, eager_out) <= 1e-5
+    for name, grad in eager_grads.items():
+        assert rel_error(grads[name], grad) <= 1e-5, name
+
+
+@pytest.mark.parametrize("add_self_loops", [False, True])
+def test_compile_edge_index_fullgraph(add_self_loops):
+    compile_case("edge_index_sorted", add_self_loops, "aot_eager", fullgraph=True)
+
+
+def test_compile_edge_index_fullgraph_inductor():
+    compile_case("edge_index_sorted", False, "inductor", fullgraph=True)
+
+
+@pytest.mark.skipif(not WITH_TORCH_SPARSE, reason="needs torch_sparse")
+def test_compile_sparse_tensor_fullgraph():
+    # Without self-loops: torch_sparse.set_diag calls torch_sparse ops that
+    # have no fake implementation, so the self-loop step cannot be traced.
+    compile_case("sparse_tensor", False, "aot_eager", fullgraph=True)
+
+
+def test_compile_torch_csr():
+    # Dynamo cannot wrap sparse tensors: graph breaks around them, no fullgraph.
+    compile_case("torch_csr", False, "aot_eager", fullgraph=False)
