@@ -1,34 +1,55 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: build for the H200, run the CUDA-relevant tests
-# and the benchmarks, keep every log under $OUT (device tool) or ./gpu_out.
-#   scripts/gpu_check.sh [tests|bench|all] [extra pytest args]
+# One call on the GPU machine: build for the H200, run the CUDA tests, the
+# operator and layer benchmarks and the Cora example, with a time limit per
+# step. Logs go straight to $OUT (device tool; ./gpu_out elsewhere) so that a
+# call cut short still returns what finished:
+#   $OUT/tests.log  $OUT/run.log  $OUT/results.tar (benchmark JSON/MD/PNG)
+#   scripts/gpu_check.sh [tests|bench|all] [pytest args; default: tests -m "not slow"]
+#   (env: STEP_LIMIT_* seconds per step, OPS_ARGS / LAYER_ARGS, CORA_RUNS)
 set -uo pipefail
 MODE="${1:-all}"; shift || true
-# Everything goes to $LOGS, packed at the end into $OUT/gpu_results.tar.gz
-# (the device tool brings back only a few files).
-OUT="${OUT:-$PWD/gpu_out}"; LOGS="$(mktemp -d)/gpu_results"; mkdir -p "$OUT" "$LOGS"
-trap 'tar -czf "$LOGS/gpu_results.tar.gz" -C "$(dirname "$LOGS")" gpu_results' EXIT
+if [ $# -eq 0 ]; then set -- tests -m "not slow"; fi
+OUT="${OUT:-$PWD/gpu_out}"; RES="$(mktemp -d)/results"; mkdir -p "$OUT" "$RES"
 export PYTHONUNBUFFERED=1 MAX_JOBS="${MAX_JOBS:-16}" TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
 # The GPU image's default CXX (/opt/gcc) links libstdc++ statically into the
 # extension, whose uninitialised iostreams then crash in every TORCH_CHECK
 # message; the system compiler links it dynamically like torch.
 if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CC=/usr/bin/gcc; fi
 export PYG_MULTIHEAD_AGG_DATA="${PYG_MULTIHEAD_AGG_DATA:-$PWD/.device/data}"
-{ nvidia-smi; python3 -c "import torch, torch_geometric; print('torch', torch.__version__, torch.version.cuda, 'PyG', torch_geometric.__version__)"; git log -1 --format='commit %H %s' 2>/dev/null; } > "$LOGS/env.txt" 2>&1
-start=$(date +%s)
-python3 -m pip install --no-build-isolation --no-deps -v -e . > "$LOGS/build.log" 2>&1 \
-  || { tail -60 "$LOGS/build.log"; exit 1; }
-grep -E "registers|spill|stack frame" "$LOGS/build.log" | sort | uniq > "$LOGS/ptxas.txt" || true
-echo "build: $(( $(date +%s) - start )) s"
+LOG="$OUT/run.log"
+pack() { tar -cf "$OUT/results.tar" -C "$(dirname "$RES")" results 2>/dev/null || true; }
+step() { echo "== $* ($(date +%T))" | tee -a "$LOG"; }
+
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+  python3 -c "import torch, torch_geometric; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'PyG', torch_geometric.__version__)"
+  git log -1 --format='commit %H %s' 2>/dev/null; } >> "$LOG" 2>&1
+step build
+python3 -m pip install --no-build-isolation --no-deps -v -e . > "$RES/build.log" 2>&1 \
+  || { tail -60 "$RES/build.log" | tee -a "$LOG"; pack; exit 1; }
+grep -E "registers|spill" "$RES/build.log" | sort | uniq -c | sort -rn | head -5 >> "$LOG"
 rc=0
 if [ "$MODE" = tests ] || [ "$MODE" = all ]; then
-  python3 -m pytest tests -q -rs -p no:cacheprovider "$@" > "$LOGS/tests.log" 2>&1 || rc=$?
-  tail -25 "$LOGS/tests.log"
+  step tests
+  timeout "${STEP_LIMIT_TESTS:-240}" python3 -m pytest "$@" \
+    -q -rs -p no:cacheprovider --timeout 120 > "$OUT/tests.log" 2>&1 || rc=$?
+  tail -15 "$OUT/tests.log" | tee -a "$LOG"
 fi
 if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
-  python3 benchmarks/bench_ops.py --device cuda --out "$LOGS" > "$LOGS/bench_ops.log" 2>&1 || rc=$?
-  tail -40 "$LOGS/bench_ops.log"
-  python3 benchmarks/bench_layer.py --device cuda --out "$LOGS" > "$LOGS/bench_layer.log" 2>&1 || rc=$?
-  tail -30 "$LOGS/bench_layer.log"
+  step bench_ops
+  timeout "${STEP_LIMIT_OPS:-150}" python3 benchmarks/bench_ops.py --device cuda --out "$RES" \
+    ${OPS_ARGS:-} >> "$LOG" 2>&1 || rc=$?
+  pack
+  step cora
+  DATA=$(mktemp -d); cp -r "$PYG_MULTIHEAD_AGG_DATA/Cora" "$DATA/"
+  for adj in csr edge_index_sorted edge_index; do
+    timeout "${STEP_LIMIT_CORA:-40}" python3 examples/train_cora.py --device cuda --adj $adj \
+      --runs "${CORA_RUNS:-3}" --quiet --root "$DATA" --json "$RES/cora_cuda_$adj.json" \
+      >> "$LOG" 2>&1 || rc=$?
+  done
+  pack
+  step bench_layer
+  timeout "${STEP_LIMIT_LAYER:-150}" python3 benchmarks/bench_layer.py --device cuda --out "$RES" \
+    ${LAYER_ARGS:-} >> "$LOG" 2>&1 || rc=$?
+  pack
 fi
 exit $rc

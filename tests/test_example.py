@@ -1,0 +1,137 @@
+"""examples/train_cora.py: a smoke test per adjacency type, and the full 10-seed run (slow)."""
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "examples" / "train_cora.py"
+ADJS = ("sparse_tensor", "csr", "edge_index_sorted", "edge_index")
+JSON_KEYS = {"test_acc_mean", "test_acc_std", "epoch_ms_median", "runs", "settings", "versions"}
+VERSION_KEYS = {"torch", "torch_geometric", "pyg_multihead_agg", "device"}
+
+
+def _load_example():
+    spec = importlib.util.spec_from_file_location("train_cora", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+train_cora = _load_example()
+
+
+def _needs(adj):
+    marks = []
+    if adj == "sparse_tensor":
+        marks.append(pytest.mark.skipif(
+            importlib.util.find_spec("torch_sparse") is None, reason="torch-sparse not installed"))
+    return pytest.param(adj, marks=marks)
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    """A writable copy of the Planetoid data (Planetoid writes processed/ beside raw/)."""
+    root = tmp_path_factory.mktemp("data")
+    candidates = [os.environ.get("PYG_MULTIHEAD_AGG_DATA"), REPO.parent / "shared" / "data"]
+    source = next((Path(c) for c in candidates if c and (Path(c) / "Cora" / "raw").is_dir()), None)
+    if source is not None:
+        shutil.copytree(source / "Cora" / "raw", root / "Cora" / "raw")
+    try:  # processes once here (or downloads, where there is internet)
+        train_cora.load_dataset(str(root), "Cora")
+    except RuntimeError as err:
+        pytest.skip(f"no Cora data: set PYG_MULTIHEAD_AGG_DATA to a folder holding Cora/raw/ "
+                    f"({err})")
+    return root
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("adj", [_needs(a) for a in ADJS])
+def test_smoke(adj, device, data_root, tmp_path):
+    json_path, plot_path = tmp_path / "result.json", tmp_path / "curves.png"
+    result = train_cora.main(["--root", str(data_root), "--adj", adj, "--device", device,
+                              "--epochs", "15", "--seed", "1", "--quiet",
+                              "--json", str(json_path), "--plot", str(plot_path)])
+    losses = result["runs"][0]["history"]["train_loss"]
+    assert len(losses) == 15
+    assert all(torch.isfinite(torch.tensor(losses)))
+    # Dropout 0.6 makes single steps noisy: compare the ends, averaged.
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.02, losses
+
+    written = json.loads(json_path.read_text())
+    assert JSON_KEYS <= written.keys()
+    assert VERSION_KEYS <= written["versions"].keys()
+    assert written["settings"]["adj"] == adj
+    assert written["settings"]["device"].startswith(device)
+    expected = "torch_geometric" if adj == "edge_index" else "pyg_multihead_agg"
+    assert written["settings"]["conv"].startswith(expected)
+    assert len(written["runs"]) == 1 and written["runs"][0]["seed"] == 1
+    assert 0.0 <= written["test_acc_mean"] <= 1.0 and written["test_acc_std"] == 0.0
+    assert written["epoch_ms_median"] > 0
+    assert plot_path.stat().st_size > 0
+    assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_script_runs_as_a_command(data_root, tmp_path):
+    json_path = tmp_path / "result.json"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--root", str(data_root), "--adj", "csr", "--device",
+         "cpu", "--epochs", "2", "--runs", "2", "--json", str(json_path)],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 3, proc.stdout  # one line per run, then the summary
+    assert "test accuracy" in lines[-1] and "over 2 run(s)" in lines[-1]
+    written = json.loads(json_path.read_text())
+    assert [run["seed"] for run in written["runs"]] == [0, 1]
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(SystemExit):
+        train_cora.main(["--adj", "coo"])
+    with pytest.raises(SystemExit):
+        train_cora.main(["--runs", "0"])
+
+
+def test_missing_data_names_root(tmp_path, monkeypatch):
+    # Offline or not, a root without raw files must fail with a message naming --root;
+    # patch the download so this never touches the network.
+    from torch_geometric.datasets import Planetoid
+
+    def no_download(self):
+        raise OSError("download disabled in this test")
+
+    monkeypatch.setattr(Planetoid, "download", no_download)
+    with pytest.raises(RuntimeError, match="--root"):
+        train_cora.main(["--root", str(tmp_path), "--epochs", "1", "--quiet"])
+
+
+@pytest.fixture(scope="module")
+def pyg_full_run(request, data_root):
+    # About an hour on 2 CPU cores: only when asked for by marker (pytest -m slow).
+    if "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("the 10-seed run is slow: select it with -m slow")
+    return train_cora.main(["--root", str(data_root), "--adj", "edge_index", "--runs", "10",
+                            "--quiet"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("adj", [_needs(a) for a in ADJS if a != "edge_index"])
+def test_full_accuracy(adj, data_root, pyg_full_run):
+    # The default device: CUDA where there is one.
+    result = train_cora.main(["--root", str(data_root), "--adj", adj, "--runs", "10", "--quiet"])
+    assert len(result["runs"]) == 10
+    assert result["test_acc_mean"] >= 0.82, result["test_acc_mean"]
+    assert abs(result["test_acc_mean"] - pyg_full_run["test_acc_mean"]) <= 0.01, (
+        result["test_acc_mean"], pyg_full_run["test_acc_mean"])
