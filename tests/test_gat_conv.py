@@ -348,11 +348,17 @@ def test_compile_edge_index_fullgraph_inductor():
 
 @pytest.mark.skipif(not WITH_TORCH_SPARSE, reason="needs torch_sparse")
 def test_compile_sparse_tensor_fullgraph():
-    # Without self-loops: torch_sparse.set_diag calls torch_sparse ops that
-    # have no fake implementation, so the self-loop step cannot be traced.
     compile_case("sparse_tensor", False, "aot_eager", fullgraph=True)
 
 
-def test_compile_torch_csr():
+@pytest.mark.skipif(not WITH_TORCH_SPARSE, reason="needs torch_sparse")
+def test_compile_sparse_tensor_with_self_loops():
+    # torch_sparse.set_diag has no fake implementation: the layer runs it
+    # outside the graph (one graph break), the rest compiles.
+    compile_case("sparse_tensor", True, "aot_eager", fullgraph=False)
+
+
+@pytest.mark.parametrize("add_self_loops", [False, True])
+def test_compile_torch_csr(add_self_loops):
     # Dynamo cannot wrap sparse tensors: graph breaks around them, no fullgraph.
-    compile_case("torch_csr", False, "aot_eager", fullgraph=False)
+    compile_case("torch_csr", add_self_loops, "aot_eager", fullgraph=False)

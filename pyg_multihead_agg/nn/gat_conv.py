@@ -5,7 +5,14 @@ import torch
 from torch import Tensor
 from torch_geometric import EdgeIndex
 from torch_geometric.nn import GATConv as PyGGATConv
-from torch_geometric.typing import Adj, OptPairTensor, OptTensor, Size, SparseTensor
+from torch_geometric.typing import (
+    Adj,
+    OptPairTensor,
+    OptTensor,
+    Size,
+    SparseTensor,
+    torch_sparse,
+)
 from torch_geometric.utils import add_self_loops, is_torch_sparse_tensor, remove_self_loops
 
 from .. import ops
@@ -115,31 +122,51 @@ class GATConv(PyGGATConv):
         size: Size = None,
         return_attention_weights: Optional[bool] = None,
     ) -> Union[Tensor, Tuple[Tensor, Tuple[Tensor, Tensor]], Tuple[Tensor, SparseTensor]]:
-        if not (self.add_self_loops and isinstance(edge_index, EdgeIndex)
-                and edge_index.is_sorted_by_col):
+        if not (self.add_self_loops and self._adds_own_self_loops(edge_index, edge_attr)):
             return super().forward(x, edge_index, edge_attr, size, return_attention_weights)
-
-        # PyG adds self-loops by concatenation, which loses the column sort
-        # order and with it the fused path: add them here, re-sort, and let
-        # the parent skip its own self-loop step.
-        x_src, x_dst = (x, None) if isinstance(x, Tensor) else x
-        num_nodes = x_src.size(0)
-        if x_dst is not None:
-            num_nodes = min(num_nodes, x_dst.size(0))
-        num_nodes = min(size) if size is not None else num_nodes
-        edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
-        edge_index, edge_attr = add_self_loops(edge_index, edge_attr,
-                                               fill_value=self.fill_value, num_nodes=num_nodes)
-        # Stable: within a destination, the original edges keep their order
-        # and the self-loop comes last.
-        edge_index, perm = edge_index.sort_by("col", stable=True)
-        if edge_attr is not None and perm is not None:
-            edge_attr = edge_attr[perm]
+        if isinstance(edge_index, EdgeIndex):
+            edge_index, edge_attr = self._self_loops_sorted(x, edge_index, edge_attr, size)
+        else:
+            edge_index = _sparse_self_loops(edge_index, self._num_loop_nodes(x, size))
+        # The parent must not add them a second time.
         self.add_self_loops = False
         try:
             return super().forward(x, edge_index, edge_attr, size, return_attention_weights)
         finally:
             self.add_self_loops = True
+
+    def _adds_own_self_loops(self, edge_index: Adj, edge_attr: OptTensor) -> bool:
+        # Column-sorted EdgeIndex: PyG's concatenation would lose the sort
+        # order and with it the fused path. SparseTensor / torch.sparse: PyG's
+        # self-loop code cannot be traced by torch.compile, so it runs outside
+        # the graph. The cases PyG rejects (edge features with sparse inputs)
+        # are left to PyG and its error.
+        if isinstance(edge_index, EdgeIndex):
+            return edge_index.is_sorted_by_col
+        if isinstance(edge_index, SparseTensor):
+            return self.edge_dim is None
+        return is_torch_sparse_tensor(edge_index) and edge_attr is None
+
+    @staticmethod
+    def _num_loop_nodes(x: Union[Tensor, OptPairTensor], size: Size) -> int:
+        # As PyG: loops only for nodes that are both sources and destinations.
+        x_src, x_dst = (x, None) if isinstance(x, Tensor) else x
+        num_nodes = x_src.size(0)
+        if x_dst is not None:
+            num_nodes = min(num_nodes, x_dst.size(0))
+        return min(size) if size is not None else num_nodes
+
+    def _self_loops_sorted(self, x, edge_index: EdgeIndex, edge_attr: OptTensor,
+                           size: Size) -> Tuple[EdgeIndex, OptTensor]:
+        edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
+        edge_index, edge_attr = add_self_loops(edge_index, edge_attr, fill_value=self.fill_value,
+                                               num_nodes=self._num_loop_nodes(x, size))
+        # Stable: within a destination, the original edges keep their order
+        # and the self-loop comes last.
+        edge_index, perm = edge_index.sort_by("col", stable=True)
+        if edge_attr is not None and perm is not None:
+            edge_attr = edge_attr[perm]
+        return edge_index, edge_attr
 
     def message_and_aggregate(self, edge_index: Adj, x: OptPairTensor, alpha: Tensor) -> Tensor:
         # Called by PyG's propagate for sparse adjacencies and column-sorted
@@ -164,3 +191,16 @@ class GATConv(PyGGATConv):
             msg = self.message(x_src.index_select(0, col), alpha)
             return self.aggregate(msg, row, dim_size=edge_index.size(0))
         return ops.multihead_spmm(rowptr, col, alpha, x_src, csc=csc)
+
+
+@torch.compiler.disable
+def _sparse_self_loops(adj_t, num_nodes: int):
+    """PyG's self-loop step for sparse adjacencies, kept out of compiled
+    graphs: torch_sparse's ops and torch.sparse tensors cannot be traced."""
+    if isinstance(adj_t, SparseTensor):
+        # The CSR/CSC caches are built here too: torch_sparse's ind2ptr
+        # cannot be traced either.
+        return torch_sparse.set_diag(adj_t).fill_cache_()
+    adj_t, _ = remove_self_loops(adj_t)
+    adj_t, _ = add_self_loops(adj_t, num_nodes=num_nodes)
+    return adj_t
