@@ -6,6 +6,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include <optional>
+
 namespace pyg_multihead_agg {
 
 inline void check_index(const at::Tensor& t, const char* name) {
@@ -56,6 +58,71 @@ inline void check_spmm(const at::Tensor& rowptr, const at::Tensor& col, const at
               weight.size(0), ") != col.numel() (", col.numel(), ")");
   TORCH_CHECK(weight.size(1) == x.size(1), "weight.size(1) (", weight.size(1),
               ") must equal the number of heads x.size(1) (", x.size(1), ")");
+}
+
+// multihead_spmm_backward_csc; returns the number of sources.
+inline int64_t check_backward_csc(const at::Tensor& colptr, const at::Tensor& row,
+                                  const at::Tensor& perm, const std::optional<at::Tensor>& weight,
+                                  const std::optional<at::Tensor>& x, const at::Tensor& grad_out) {
+  const int64_t N_src = check_compressed(colptr, "colptr", row, "row");
+  check_index(perm, "perm");
+  check_same_dtype(perm, "perm", row, "row");
+  check_same_device(perm, "perm", row, "row");
+  check_value(grad_out, "grad_out", 3);
+  check_same_device(colptr, "colptr", grad_out, "grad_out");
+  const int64_t E = row.numel(), H = grad_out.size(1), D = grad_out.size(2);
+  TORCH_CHECK(perm.numel() == E, "perm must have one entry per edge: perm.numel() (", perm.numel(),
+              ") != row.numel() (", E, ")");
+  if (weight.has_value()) {
+    check_value(*weight, "weight", 2);
+    check_same_dtype(*weight, "weight", grad_out, "grad_out");
+    check_same_device(*weight, "weight", grad_out, "grad_out");
+    TORCH_CHECK(weight->size(0) == E && weight->size(1) == H, "weight must have shape [", E, ", ",
+                H, "] (edges, heads), got ", weight->sizes());
+  }
+  if (x.has_value()) {
+    check_value(*x, "x", 3);
+    check_same_dtype(*x, "x", grad_out, "grad_out");
+    check_same_device(*x, "x", grad_out, "grad_out");
+    TORCH_CHECK(x->size(0) == N_src && x->size(1) == H && x->size(2) == D, "x must have shape [",
+                N_src, ", ", H, ", ", D, "] (colptr.numel() - 1, heads, channels), got ",
+                x->sizes());
+  }
+  return N_src;
+}
+
+// multihead_spmm_backward_x_scatter.
+inline void check_backward_x_scatter(const at::Tensor& rowptr, const at::Tensor& col,
+                                     const at::Tensor& weight, const at::Tensor& grad_out,
+                                     int64_t num_src) {
+  check_compressed(rowptr, "rowptr", col, "col");
+  check_value(weight, "weight", 2);
+  check_value(grad_out, "grad_out", 3);
+  check_same_dtype(weight, "weight", grad_out, "grad_out");
+  check_same_device(rowptr, "rowptr", grad_out, "grad_out");
+  check_same_device(weight, "weight", grad_out, "grad_out");
+  const int64_t N_dst = rowptr.numel() - 1, E = col.numel(), H = grad_out.size(1);
+  TORCH_CHECK(num_src >= 0, "num_src must be non-negative, got ", num_src);
+  TORCH_CHECK(grad_out.size(0) == N_dst, "grad_out.size(0) (", grad_out.size(0),
+              ") must equal rowptr.numel() - 1 (", N_dst, ")");
+  TORCH_CHECK(weight.size(0) == E && weight.size(1) == H, "weight must have shape [", E, ", ", H,
+              "] (edges, heads), got ", weight.sizes());
+}
+
+// multihead_sddmm.
+inline void check_sddmm(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& a,
+                        const at::Tensor& b) {
+  check_compressed(rowptr, "rowptr", col, "col");
+  check_value(a, "a", 3);
+  check_value(b, "b", 3);
+  check_same_dtype(a, "a", b, "b");
+  check_same_device(rowptr, "rowptr", a, "a");
+  check_same_device(a, "a", b, "b");
+  const int64_t N_dst = rowptr.numel() - 1;
+  TORCH_CHECK(a.size(0) == N_dst, "a.size(0) (", a.size(0), ") must equal rowptr.numel() - 1 (",
+              N_dst, ")");
+  TORCH_CHECK(b.size(1) == a.size(1) && b.size(2) == a.size(2),
+              "a and b must agree in heads and channels, got ", a.sizes(), " and ", b.sizes());
 }
 
 }  // namespace pyg_multihead_agg

@@ -101,34 +101,12 @@ std::tuple<at::Tensor, at::Tensor> multihead_spmm_backward_csc_cpu(
     const at::Tensor& colptr, const at::Tensor& row, const at::Tensor& perm,
     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& x,
     const at::Tensor& grad_out) {
-  const int64_t N_src = check_compressed(colptr, "colptr", row, "row");
-  check_index(perm, "perm");
-  check_same_dtype(perm, "perm", row, "row");
-  check_same_device(perm, "perm", row, "row");
-  check_value(grad_out, "grad_out", 3);
-  check_same_device(colptr, "colptr", grad_out, "grad_out");
+  const int64_t N_src = check_backward_csc(colptr, row, perm, weight, x, grad_out);
   const int64_t E = row.numel(), N_dst = grad_out.size(0), H = grad_out.size(1), D = grad_out.size(2);
   const int64_t HD = H * D;
-  TORCH_CHECK(perm.numel() == E, "perm must have one entry per edge: perm.numel() (", perm.numel(),
-              ") != row.numel() (", E, ")");
   const bool need_grad_x = weight.has_value(), need_grad_weight = x.has_value();
-  at::Tensor weight_c, x_c;
-  if (need_grad_x) {
-    check_value(*weight, "weight", 2);
-    check_same_dtype(*weight, "weight", grad_out, "grad_out");
-    check_same_device(*weight, "weight", grad_out, "grad_out");
-    TORCH_CHECK(weight->size(0) == E && weight->size(1) == H, "weight must have shape [", E, ", ",
-                H, "] (edges, heads), got ", weight->sizes());
-    weight_c = weight->contiguous();
-  }
-  if (need_grad_weight) {
-    check_value(*x, "x", 3);
-    check_same_dtype(*x, "x", grad_out, "grad_out");
-    check_same_device(*x, "x", grad_out, "grad_out");
-    TORCH_CHECK(x->size(0) == N_src && x->size(1) == H && x->size(2) == D, "x must have shape [",
-                N_src, ", ", H, ", ", D, "] (colptr.numel() - 1, heads, channels), got ", x->sizes());
-    x_c = x->contiguous();
-  }
+  const auto weight_c = need_grad_x ? weight->contiguous() : at::Tensor();
+  const auto x_c = need_grad_weight ? x->contiguous() : at::Tensor();
   const auto colptr_c = colptr.contiguous(), row_c = row.contiguous(), perm_c = perm.contiguous();
   const auto go = grad_out.contiguous();
   auto grad_x = at::empty({need_grad_x ? N_src : 0, H, D}, grad_out.options());
@@ -188,19 +166,9 @@ std::tuple<at::Tensor, at::Tensor> multihead_spmm_backward_csc_cpu(
 at::Tensor multihead_spmm_backward_x_scatter_cpu(const at::Tensor& rowptr, const at::Tensor& col,
                                                  const at::Tensor& weight,
                                                  const at::Tensor& grad_out, int64_t num_src) {
-  check_compressed(rowptr, "rowptr", col, "col");
-  check_value(weight, "weight", 2);
-  check_value(grad_out, "grad_out", 3);
-  check_same_dtype(weight, "weight", grad_out, "grad_out");
-  check_same_device(rowptr, "rowptr", grad_out, "grad_out");
-  check_same_device(weight, "weight", grad_out, "grad_out");
+  check_backward_x_scatter(rowptr, col, weight, grad_out, num_src);
   const int64_t N_dst = rowptr.numel() - 1, E = col.numel();
   const int64_t H = grad_out.size(1), D = grad_out.size(2), HD = H * D;
-  TORCH_CHECK(num_src >= 0, "num_src must be non-negative, got ", num_src);
-  TORCH_CHECK(grad_out.size(0) == N_dst, "grad_out.size(0) (", grad_out.size(0),
-              ") must equal rowptr.numel() - 1 (", N_dst, ")");
-  TORCH_CHECK(weight.size(0) == E && weight.size(1) == H, "weight must have shape [", E, ", ", H,
-              "] (edges, heads), got ", weight.sizes());
   const auto rowptr_c = rowptr.contiguous(), col_c = col.contiguous();
   const auto weight_c = weight.contiguous(), go = grad_out.contiguous();
   auto acc_dtype = at::toOpMathType(grad_out.scalar_type());
@@ -241,18 +209,9 @@ at::Tensor multihead_spmm_backward_x_scatter_cpu(const at::Tensor& rowptr, const
 
 at::Tensor multihead_sddmm_cpu(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& a,
                                const at::Tensor& b) {
-  check_compressed(rowptr, "rowptr", col, "col");
-  check_value(a, "a", 3);
-  check_value(b, "b", 3);
-  check_same_dtype(a, "a", b, "b");
-  check_same_device(rowptr, "rowptr", a, "a");
-  check_same_device(a, "a", b, "b");
+  check_sddmm(rowptr, col, a, b);
   const int64_t N_dst = rowptr.numel() - 1, E = col.numel();
   const int64_t N_src = b.size(0), H = a.size(1), D = a.size(2), HD = H * D;
-  TORCH_CHECK(a.size(0) == N_dst, "a.size(0) (", a.size(0), ") must equal rowptr.numel() - 1 (",
-              N_dst, ")");
-  TORCH_CHECK(b.size(1) == H && b.size(2) == D, "a and b must agree in heads and channels, got ",
-              a.sizes(), " and ", b.sizes());
   const auto rowptr_c = rowptr.contiguous(), col_c = col.contiguous();
   const auto a_c = a.contiguous(), b_c = b.contiguous();
   auto out = at::empty({E, H}, a.options());

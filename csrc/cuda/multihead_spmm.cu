@@ -746,33 +746,10 @@ std::tuple<at::Tensor, at::Tensor> multihead_spmm_backward_csc_cuda(
     const at::Tensor& colptr, const at::Tensor& row, const at::Tensor& perm,
     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& x,
     const at::Tensor& grad_out) {
-  // The checks of the CPU kernel (csrc/cpu/multihead_spmm.cpp), in its order.
-  const int64_t N_src = check_compressed(colptr, "colptr", row, "row");
-  check_index(perm, "perm");
-  check_same_dtype(perm, "perm", row, "row");
-  check_same_device(perm, "perm", row, "row");
-  check_value(grad_out, "grad_out", 3);
-  check_same_device(colptr, "colptr", grad_out, "grad_out");
+  const int64_t N_src = check_backward_csc(colptr, row, perm, weight, x, grad_out);
   const int64_t E = row.numel(), N_dst = grad_out.size(0), H = grad_out.size(1);
   const int64_t D = grad_out.size(2);
-  TORCH_CHECK(perm.numel() == E, "perm must have one entry per edge: perm.numel() (", perm.numel(),
-              ") != row.numel() (", E, ")");
   const bool need_grad_x = weight.has_value(), need_grad_weight = x.has_value();
-  if (need_grad_x) {
-    check_value(*weight, "weight", 2);
-    check_same_dtype(*weight, "weight", grad_out, "grad_out");
-    check_same_device(*weight, "weight", grad_out, "grad_out");
-    TORCH_CHECK(weight->size(0) == E && weight->size(1) == H, "weight must have shape [", E, ", ",
-                H, "] (edges, heads), got ", weight->sizes());
-  }
-  if (need_grad_weight) {
-    check_value(*x, "x", 3);
-    check_same_dtype(*x, "x", grad_out, "grad_out");
-    check_same_device(*x, "x", grad_out, "grad_out");
-    TORCH_CHECK(x->size(0) == N_src && x->size(1) == H && x->size(2) == D, "x must have shape [",
-                N_src, ", ", H, ", ", D, "] (colptr.numel() - 1, heads, channels), got ",
-                x->sizes());
-  }
   TORCH_CHECK(grad_out.is_cuda(), "grad_out must be a CUDA tensor for the CUDA kernel");
   check_int_width(H, D);
   const c10::cuda::CUDAGuard guard(grad_out.device());
@@ -836,19 +813,9 @@ std::tuple<at::Tensor, at::Tensor> multihead_spmm_backward_csc_cuda(
 at::Tensor multihead_spmm_backward_x_scatter_cuda(const at::Tensor& rowptr, const at::Tensor& col,
                                                   const at::Tensor& weight,
                                                   const at::Tensor& grad_out, int64_t num_src) {
-  check_compressed(rowptr, "rowptr", col, "col");
-  check_value(weight, "weight", 2);
-  check_value(grad_out, "grad_out", 3);
-  check_same_dtype(weight, "weight", grad_out, "grad_out");
-  check_same_device(rowptr, "rowptr", grad_out, "grad_out");
-  check_same_device(weight, "weight", grad_out, "grad_out");
+  check_backward_x_scatter(rowptr, col, weight, grad_out, num_src);
   const int64_t N_dst = rowptr.numel() - 1, E = col.numel();
   const int64_t H = grad_out.size(1), D = grad_out.size(2);
-  TORCH_CHECK(num_src >= 0, "num_src must be non-negative, got ", num_src);
-  TORCH_CHECK(grad_out.size(0) == N_dst, "grad_out.size(0) (", grad_out.size(0),
-              ") must equal rowptr.numel() - 1 (", N_dst, ")");
-  TORCH_CHECK(weight.size(0) == E && weight.size(1) == H, "weight must have shape [", E, ", ", H,
-              "] (edges, heads), got ", weight.sizes());
   TORCH_CHECK(grad_out.is_cuda(), "grad_out must be a CUDA tensor for the CUDA kernel");
   check_int_width(H, D);
   const c10::cuda::CUDAGuard guard(grad_out.device());
@@ -878,18 +845,9 @@ at::Tensor multihead_spmm_backward_x_scatter_cuda(const at::Tensor& rowptr, cons
 
 at::Tensor multihead_sddmm_cuda(const at::Tensor& rowptr, const at::Tensor& col,
                                 const at::Tensor& a, const at::Tensor& b) {
-  check_compressed(rowptr, "rowptr", col, "col");
-  check_value(a, "a", 3);
-  check_value(b, "b", 3);
-  check_same_dtype(a, "a", b, "b");
-  check_same_device(rowptr, "rowptr", a, "a");
-  check_same_device(a, "a", b, "b");
+  check_sddmm(rowptr, col, a, b);
   const int64_t N_dst = rowptr.numel() - 1, E = col.numel();
   const int64_t N_src = b.size(0), H = a.size(1), D = a.size(2);
-  TORCH_CHECK(a.size(0) == N_dst, "a.size(0) (", a.size(0), ") must equal rowptr.numel() - 1 (",
-              N_dst, ")");
-  TORCH_CHECK(b.size(1) == H && b.size(2) == D, "a and b must agree in heads and channels, got ",
-              a.sizes(), " and ", b.sizes());
   TORCH_CHECK(a.is_cuda(), "a must be a CUDA tensor for the CUDA kernel");
   check_int_width(H, D);
   const c10::cuda::CUDAGuard guard(a.device());
