@@ -178,3 +178,21 @@ def _backward(ctx, grad_out):
 
 torch.library.register_autograd("pyg_multihead_agg::multihead_spmm", _backward,
                                 setup_context=_setup_context)
+
+
+# The backward ops are not differentiable themselves: say so instead of
+# letting autograd silently return zero second derivatives.
+
+def _no_double_backward_context(ctx, inputs, output):
+    pass
+
+
+def _no_double_backward(ctx, *grads):
+    raise RuntimeError("pyg_multihead_agg: double backward (gradients of gradients, "
+                       "create_graph=True) of multihead_spmm is not supported")
+
+
+for _name in ("multihead_spmm_backward_csc", "multihead_spmm_backward_x_scatter",
+              "multihead_sddmm"):
+    torch.library.register_autograd(f"pyg_multihead_agg::{_name}", _no_double_backward,
+                                    setup_context=_no_double_backward_context)

@@ -186,3 +186,15 @@ def test_csr_to_csc_matches_transpose():
     assert torch.equal(colptr.diff(), torch.bincount(col, minlength=17))
     assert torch.equal(col[perm], torch.sort(col, stable=True).values)
     assert colptr.dtype == row.dtype == perm.dtype == col.dtype
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("with_csc", [True, False])
+def test_double_backward_raises(device, with_csc):
+    rowptr, col, weight, x = make_inputs(CASES[0], torch.float64, torch.int64, device, seed=8,
+                                         requires_grad=True)
+    csc = pma.csr_to_csc(rowptr, col, x.size(0)) if with_csc else None
+    out = pma.multihead_spmm(rowptr, col, weight, x, csc=csc)
+    (grad_x,) = torch.autograd.grad(out.square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(grad_x.sum(), weight)
