@@ -135,3 +135,15 @@ def test_nan_and_inf_propagate_like_the_reference():
     finite = ref.isfinite()
     torch.testing.assert_close(out[finite], ref[finite])
     assert torch.equal(out[~finite & ~ref.isnan()], ref[~finite & ~ref.isnan()])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only build")
+def test_cpu_only_build_says_how_to_rebuild():
+    """A CPU-only build registers CUDA kernels that only raise: reach one
+    through the dispatcher (no CUDA tensors exist on a CPU-only torch)."""
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(
+        "pyg_multihead_agg::multihead_spmm", "CUDA")
+    rowptr, col, weight, x = good("cpu")
+    with pytest.raises(RuntimeError, match="built without CUDA.*FORCE_CUDA=1"):
+        ops.multihead_spmm.default.redispatch(torch._C.DispatchKeySet("CUDA"),
+                                              rowptr, col, weight, x)
