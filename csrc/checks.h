@@ -10,13 +10,19 @@
 
 namespace pyg_multihead_agg {
 
+inline void check_defined(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.defined(), name, " must be a tensor, got None");
+}
+
 inline void check_index(const at::Tensor& t, const char* name) {
+  check_defined(t, name);
   TORCH_CHECK(t.dim() == 1, name, " must be a 1-D tensor, got ", t.dim(), " dimensions");
   TORCH_CHECK(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, name,
               " must be int32 or int64, got ", t.scalar_type());
 }
 
 inline void check_value(const at::Tensor& t, const char* name, int64_t dim) {
+  check_defined(t, name);
   TORCH_CHECK(t.dim() == dim, name, " must have ", dim, " dimensions, got ", t.dim());
   const auto s = t.scalar_type();
   TORCH_CHECK(s == at::kHalf || s == at::kBFloat16 || s == at::kFloat || s == at::kDouble, name,

@@ -1,11 +1,11 @@
 """Fused multi-head CSR attention aggregation for PyTorch Geometric."""
 import torch  # noqa: F401  (loads libtorch before our library)
 
-from . import _C  # noqa: F401  (registers torch.ops.pyg_multihead_agg.*)
-from . import nn
-from .adj import check_csr, csr_to_csc
+# _C first: it registers torch.ops.pyg_multihead_agg.*, which ops.py extends.
+from . import _C, nn  # noqa: F401
+from .adj import check_csc, check_csr, csr_to_csc
 from .ops import multihead_spmm
 
 __version__ = "0.1.0"
 
-__all__ = ["multihead_spmm", "check_csr", "csr_to_csc", "nn", "__version__"]
+__all__ = ["multihead_spmm", "check_csr", "check_csc", "csr_to_csc", "nn", "__version__"]

@@ -45,6 +45,37 @@ def check_csr(rowptr: Tensor, col: Tensor, num_src: int, *, ptr_name: str = "row
                              f"[{lo}, {hi}]")
 
 
+def check_csc(csc: CSC, rowptr: Tensor, col: Tensor, num_src: int) -> None:
+    r"""Raises :class:`ValueError` unless :obj:`csc = (colptr, row, perm)` is
+    the CSC of the CSR graph :obj:`(rowptr, col)` over :obj:`num_src`
+    sources: :obj:`colptr` has :obj:`num_src + 1` entries, :obj:`perm` is a
+    permutation of the edges, and CSC entry :obj:`k` is edge :obj:`perm[k]`,
+    from :obj:`row[k]` to the source whose range of :obj:`colptr` holds
+    :obj:`k`. (The order within a source is free.) A few passes over the
+    edges and one host sync; meant for :obj:`validate=True`.
+    """
+    colptr, row, perm = csc
+    if not isinstance(colptr, Tensor) or colptr.dim() != 1 or colptr.numel() != num_src + 1:
+        raise ValueError(f"colptr must have num_src + 1 = {num_src + 1} entries (one more than "
+                         f"x.size(0)), got shape {tuple(getattr(colptr, 'shape', ()))}")
+    check_csr(colptr, row, rowptr.numel() - 1, ptr_name="colptr", idx_name="row")
+    num_edges = col.numel()
+    check_csr(colptr, perm, num_edges, ptr_name="colptr", idx_name="perm")
+    if num_edges == 0:
+        return
+    perm64 = perm.long()
+    if not bool((torch.bincount(perm64, minlength=num_edges) == 1).all()):
+        raise ValueError("perm must be a permutation of the edges (each of 0 .. E-1 once)")
+    source = ptr2index(colptr.long(), output_size=num_edges)
+    if not bool((col.long()[perm64] == source).all()):
+        raise ValueError("perm does not match the CSR: col[perm[k]] must be the source whose "
+                         "colptr range holds k")
+    row_of_edge = ptr2index(rowptr.long(), output_size=num_edges)
+    if not bool((row.long() == row_of_edge[perm64]).all()):
+        raise ValueError("row does not match the CSR: row[k] must be the destination of "
+                         "edge perm[k]")
+
+
 def csr_to_csc(rowptr: Tensor, col: Tensor, num_src: int) -> CSC:
     r"""The CSC :obj:`(colptr, row, perm)` of a CSR graph, in the index dtype
     of :obj:`col`: :obj:`colptr` points into :obj:`row` per source node,

@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .adj import CSC, check_csr, csr_to_csc
+from .adj import CSC, check_csc, check_csr, csr_to_csc
 
 _ops = torch.ops.pyg_multihead_agg
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -36,7 +36,8 @@ def multihead_spmm(rowptr: Tensor, col: Tensor, weight: Tensor, x: Tensor,
             :func:`~pyg_multihead_agg.csr_to_csc`). With it the backward is a
             deterministic, atomic-free gather. Without it the backward builds
             it (CPU, or deterministic mode) or scatters with atomics (CUDA).
-        validate (bool): check the CSR (and CSC) first; raises
+        validate (bool): check the CSR (and that the CSC belongs to it)
+            first; raises
             :class:`ValueError` on malformed input. Costs a host sync.
 
     Returns:
@@ -46,9 +47,7 @@ def multihead_spmm(rowptr: Tensor, col: Tensor, weight: Tensor, x: Tensor,
     if validate:
         check_csr(rowptr, col, x.size(0))
         if csc is not None:
-            colptr, row, perm = csc
-            check_csr(colptr, row, rowptr.numel() - 1, ptr_name="colptr", idx_name="row")
-            check_csr(colptr, perm, col.numel(), ptr_name="colptr", idx_name="perm")
+            check_csc(csc, rowptr, col, x.size(0))
     colptr, row, perm = (None, None, None) if csc is None else csc
     return _ops.multihead_spmm(rowptr, col, weight, x, colptr, row, perm)
 

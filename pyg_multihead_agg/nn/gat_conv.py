@@ -122,6 +122,14 @@ class GATConv(PyGGATConv):
         size: Size = None,
         return_attention_weights: Optional[bool] = None,
     ) -> Union[Tensor, Tuple[Tensor, Tuple[Tensor, Tensor]], Tuple[Tensor, SparseTensor]]:
+        if (self.add_self_loops and edge_attr is not None
+                and is_torch_sparse_tensor(edge_index)):
+            # PyG's own message for SparseTensor; for torch.sparse PyG fails
+            # with a bare AssertionError deep inside remove_self_loops.
+            raise NotImplementedError(
+                "The usage of 'edge_attr' and 'add_self_loops' simultaneously is not supported "
+                "for 'edge_index' as a torch.sparse tensor: add the self-loops to the graph "
+                "beforehand and set 'add_self_loops=False'")
         if not (self.add_self_loops and self._adds_own_self_loops(edge_index, edge_attr)):
             return super().forward(x, edge_index, edge_attr, size, return_attention_weights)
         if isinstance(edge_index, EdgeIndex):
@@ -145,7 +153,7 @@ class GATConv(PyGGATConv):
             return edge_index.is_sorted_by_col
         if isinstance(edge_index, SparseTensor):
             return self.edge_dim is None
-        return is_torch_sparse_tensor(edge_index) and edge_attr is None
+        return is_torch_sparse_tensor(edge_index)
 
     @staticmethod
     def _num_loop_nodes(x: Union[Tensor, OptPairTensor], size: Size) -> int:

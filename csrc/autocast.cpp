@@ -1,0 +1,57 @@
+// Autocast kernels for multihead_spmm. Under torch.autocast the layer's x
+// comes from a Linear (low precision) while the attention weights come from a
+// float32 softmax; without these kernels the op would get mixed dtypes and
+// raise. Both floating inputs are cast to the autocast dtype (the
+// "lower_precision_fp" policy of matmul-like ops; float64 stays float64, as in
+// at::autocast::cached_cast), then the op is redispatched below autocast. The
+// backward ops need no autocast kernel: autograd calls them with the dtypes
+// the forward saw. Registered for CPU and CUDA in every build (the CUDA key
+// exists in CPU-only torch as well, it is simply never reached there).
+#include <ATen/autocast_mode.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+
+namespace pyg_multihead_agg {
+namespace {
+
+using opt_tensor = std::optional<at::Tensor>;
+
+at::Tensor multihead_spmm_call(const at::Tensor& rowptr, const at::Tensor& col,
+                               const at::Tensor& weight, const at::Tensor& x,
+                               const opt_tensor& colptr, const opt_tensor& row,
+                               const opt_tensor& perm) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("pyg_multihead_agg::multihead_spmm", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         const at::Tensor&, const opt_tensor&, const opt_tensor&,
+                                         const opt_tensor&)>();
+  return op.call(rowptr, col, weight, x, colptr, row, perm);
+}
+
+template <c10::DispatchKey autocast_key, c10::DeviceType device_type>
+at::Tensor multihead_spmm_autocast(const at::Tensor& rowptr, const at::Tensor& col,
+                                   const at::Tensor& weight, const at::Tensor& x,
+                                   const opt_tensor& colptr, const opt_tensor& row,
+                                   const opt_tensor& perm) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(autocast_key);
+  const auto dtype = at::autocast::get_autocast_dtype(device_type);
+  // cached_cast leaves tensors of other devices, non-floating tensors and
+  // float64 untouched, so malformed inputs still reach the kernels' checks.
+  return multihead_spmm_call(rowptr, col, at::autocast::cached_cast(dtype, weight, device_type),
+                             at::autocast::cached_cast(dtype, x, device_type), colptr, row, perm);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(pyg_multihead_agg, AutocastCPU, m) {
+  m.impl("multihead_spmm",
+         &multihead_spmm_autocast<c10::DispatchKey::AutocastCPU, c10::DeviceType::CPU>);
+}
+
+TORCH_LIBRARY_IMPL(pyg_multihead_agg, AutocastCUDA, m) {
+  m.impl("multihead_spmm",
+         &multihead_spmm_autocast<c10::DispatchKey::AutocastCUDA, c10::DeviceType::CUDA>);
+}
+
+}  // namespace pyg_multihead_agg

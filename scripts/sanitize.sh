@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Runs a short selection of the CUDA tests under compute-sanitizer's four
+# tools and writes a summary table (tool, tests, errors, exit code, seconds)
+# to the file given as $1; each tool's full log goes next to it.
+#
+#   scripts/sanitize.sh SUMMARY_FILE [tool ...]     (default: all tools)
+#
+# Tools: memcheck (out-of-bounds and misaligned accesses; over the kernel
+# tests, the malformed-input catalogue and a few hypothesis examples),
+# memcheck_large (one >2**31-element case), racecheck (shared-memory hazards;
+# the block-wide long-row paths), initcheck (reads of uninitialised global
+# memory), synccheck (barrier misuse). Env:
+#   SANITIZE_LIMIT=seconds   per tool (default 150: racecheck and initcheck
+#                            are 10-100x slower than a plain run). Under a
+#                            10-minute command limit, run the tools in two
+#                            calls: `memcheck memcheck_large`, then the rest.
+#   SANITIZE_BUILD=0|1       build the extension first (default: only if a CUDA
+#                            op does not run)
+#   COMPUTE_SANITIZER=path   the binary (default: PATH, then $CUDA_HOME/bin)
+# Exit code: 0 when every tool ran clean, 1 otherwise.
+set -uo pipefail
+SUMMARY="${1:?usage: scripts/sanitize.sh SUMMARY_FILE [tool ...]}"; shift
+TOOLS=("$@"); [ ${#TOOLS[@]} -eq 0 ] && TOOLS=(memcheck memcheck_large racecheck initcheck synccheck)
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"; cd "$ROOT"
+LOGDIR="$(cd "$(dirname "$SUMMARY")" && pwd)"; mkdir -p "$LOGDIR"
+LIMIT="${SANITIZE_LIMIT:-150}"
+export PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=sanitize
+# Real cudaMalloc per tensor, so an access past a tensor's end leaves its
+# allocation instead of landing in a neighbour inside the caching allocator's
+# pool (memcheck), and fresh memory really is uninitialised (initcheck).
+export PYTORCH_NO_CUDA_MEMORY_CACHING=1
+
+CS="${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || true)}"
+for dir in "${CUDA_HOME:-}" /usr/local/cuda /usr/local/cuda-*; do
+  [ -z "$CS" ] && [ -x "$dir/bin/compute-sanitizer" ] && CS="$dir/bin/compute-sanitizer"
+done
+
+# As scripts/gpu_check.sh: the system compiler links libstdc++ like torch does.
+if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CC=/usr/bin/gcc; fi
+probe='import torch, pyg_multihead_agg as p; r = torch.tensor([0, 1], device="cuda"); '\
+'p.multihead_spmm(r, r[:1], torch.ones(1, 1, device="cuda"), torch.ones(1, 1, 2, device="cuda"))'
+if [ "${SANITIZE_BUILD:-auto}" = 1 ] || { [ "${SANITIZE_BUILD:-auto}" = auto ] \
+    && ! python3 -c "$probe" > /dev/null 2>&1; }; then
+  echo "building the extension" >&2
+  MAX_JOBS="${MAX_JOBS:-16}" TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" \
+    python3 -m pip install --no-build-isolation --no-deps -e . > "$LOGDIR/sanitize_build.log" 2>&1 \
+    || { tail -30 "$LOGDIR/sanitize_build.log" >&2; exit 1; }
+fi
+
+K=tests/test_cuda_kernels.py
+# Test ids: [H-D-dtypeN-index_dtypeM], dtype0..3 = float16, bfloat16, float32,
+# float64; index_dtype0 = int32, index_dtype1 = int64.
+SMALL=(
+  "$K::test_every_specialisation[1-1-dtype2-index_dtype0]"
+  "$K::test_every_specialisation[3-33-dtype0-index_dtype1]"
+  "$K::test_every_specialisation[8-128-dtype1-index_dtype0]"
+  "$K::test_every_specialisation[4-256-dtype3-index_dtype1]"
+  "$K::test_every_specialisation[2-24-dtype2-index_dtype0]"
+  "$K::test_every_specialisation[1-1024-dtype2-index_dtype1]"
+  "$K::test_empty_and_bipartite[0-7-0-index_dtype0]"
+  "$K::test_empty_and_bipartite[7-300-40-index_dtype1]"
+)
+HUB=(
+  "$K::test_power_law_with_hub[4-32-dtype2-index_dtype0]"
+  "$K::test_power_law_with_hub[3-33-dtype1-index_dtype1]"
+  "$K::test_power_law_with_hub[8-128-dtype0-index_dtype0]"
+)
+# The device=cuda cases of the malformed-input catalogue and the properties
+# (with HYPOTHESIS_PROFILE=sanitize: a few examples each); `-k cuda` keeps
+# every test_cuda_kernels.py test too, through its module name.
+MALFORMED=(
+  "$K::test_malformed_graphs_do_not_fault"
+  "$K::test_unaligned_and_non_contiguous_inputs"
+  tests/test_malformed.py tests/test_properties.py -k cuda
+)
+# Our kernels live in namespace pyg_multihead_agg; racecheck and synccheck
+# only instrument those (they track nothing across kernels). initcheck and
+# memcheck watch every kernel: initcheck must see torch's kernels write the
+# inputs, or it would call them uninitialised.
+OURS=(--kernel-name kns=pyg_multihead_agg)
+
+selection() {
+  case "$1" in
+    memcheck) echo "${SMALL[@]}" "${HUB[@]}" "${MALFORMED[@]}";;
+    memcheck_large) echo "tests/test_large_index.py::test_many_source_rows[4-64-index_dtype0]";;
+    racecheck) echo "${HUB[@]}" "${SMALL[0]}" "${SMALL[2]}";;
+    initcheck) echo "${SMALL[@]:0:3}" "${HUB[0]}" "$K::test_malformed_graphs_do_not_fault";;
+    synccheck) echo "${SMALL[@]:0:3}" "${HUB[@]}";;
+  esac
+}
+
+printf '| tool | errors | exit code | seconds | tests |\n|---|---|---|---|---|\n' > "$SUMMARY"
+status=0
+if [ -z "$CS" ]; then
+  echo "| all | - | - | - | compute-sanitizer not found (set COMPUTE_SANITIZER) |" >> "$SUMMARY"
+  cat "$SUMMARY"; exit 1
+fi
+"$CS" --version > "$LOGDIR/sanitize_version.log" 2>&1
+# gVisor machines refuse the device ("Device not supported"): say so once.
+if ! "$CS" --tool memcheck --error-exitcode 1 python3 -c \
+    'import torch; torch.ones(1, device="cuda").add_(1); torch.cuda.synchronize()' \
+    > "$LOGDIR/sanitize_probe.log" 2>&1; then
+  echo "| all | - | - | - | compute-sanitizer cannot run here: $(grep -m1 -iE 'error|not supported' \
+    "$LOGDIR/sanitize_probe.log" | tr '|' '/') |" >> "$SUMMARY"
+  cat "$SUMMARY"; exit 1
+fi
+
+for name in "${TOOLS[@]}"; do
+  tool="${name%_large}"
+  args=(--tool "$tool" --error-exitcode 1 --print-limit 50 --report-api-errors no)
+  case "$tool" in racecheck|synccheck) args+=("${OURS[@]}");; esac
+  [ "$tool" = racecheck ] && args+=(--racecheck-report all)
+  log="$LOGDIR/sanitize_$name.log"
+  read -r -a tests <<< "$(selection "$name")"
+  start=$SECONDS
+  timeout "$LIMIT" "$CS" "${args[@]}" python3 -m pytest -q -rs -p no:cacheprovider \
+    "${tests[@]}" > "$log" 2>&1
+  rc=$?
+  secs=$((SECONDS - start))
+  errors=$(grep -oE 'ERROR SUMMARY: [0-9]+' "$log" | tail -1 | grep -oE '[0-9]+$')
+  hazards=$(grep -oE 'RACECHECK SUMMARY: [0-9]+ hazard' "$log" | tail -1 | grep -oE '[0-9]+')
+  [ -n "$hazards" ] && errors="${errors:-0} (${hazards} hazards)"
+  [ $rc -eq 124 ] && errors="${errors:-?} (timed out after ${LIMIT}s)"
+  # pytest's closing line, e.g. "12 passed, 3 skipped in 80.1s"
+  passed=$(grep -E '^=* *[0-9]+ (passed|failed|skipped|deselected|error)' "$log" | tail -1 \
+    | tr -d '=' | xargs)
+  echo "| $name | ${errors:-?} | $rc | $secs | ${passed:-see $log} |" >> "$SUMMARY"
+  [ $rc -ne 0 ] && status=1
+done
+cat "$SUMMARY"
+exit $status

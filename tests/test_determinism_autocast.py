@@ -1,0 +1,165 @@
+"""torch.autocast support (csrc/autocast.cpp) and deterministic mode.
+
+Autocast: multihead_spmm casts its floating inputs (weight, x) to the autocast
+dtype, so the layer's low-precision x (from a Linear) and float32 attention
+weights (from the softmax) meet in one dtype; the output is in that dtype and
+gradients flow back to the original (float32) tensors.
+
+Determinism: with torch.use_deterministic_algorithms(True) and no CSC given,
+forward and backward are bitwise reproducible on every device (the backward
+builds the CSC instead of scattering with atomics on CUDA).
+"""
+import pytest
+import torch
+import torch_geometric.nn
+from conftest import DEVICES, TOLERANCE, random_csr, reference_spmm, rel_error
+from test_gat_conv import CASES as LAYER_CASES
+from test_gat_conv import KINDS, OP, make_adj, make_graph, op_events
+
+import pyg_multihead_agg as pma
+from pyg_multihead_agg.nn import GATConv
+
+ops = torch.ops.pyg_multihead_agg
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+AUTOCAST = [
+    pytest.param("cpu", torch.bfloat16, id="cpu-bfloat16"),
+    pytest.param("cuda", torch.float16, id="cuda-float16", marks=CUDA),
+    pytest.param("cuda", torch.bfloat16, id="cuda-bfloat16", marks=CUDA),
+]
+# Inputs are rounded to the autocast dtype before the (float32-accumulated)
+# product, so allow input rounding as well as output rounding.
+AUTOCAST_TOL = {torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+
+def graph_inputs(device, seed=0, num_dst=40, num_src=30, num_edges=400, heads=4, channels=16):
+    gen = torch.Generator().manual_seed(seed)
+    rowptr, col = random_csr(num_dst, num_src, num_edges, device=device, hub=True, generator=gen)
+    weight = torch.randn(num_edges, heads, generator=gen).to(device)
+    x = torch.randn(num_src, heads, channels, generator=gen).to(device)
+    grad_out = torch.randn(num_dst, heads, channels, generator=gen).to(device)
+    return rowptr, col, weight, x, grad_out
+
+
+def ref_grads(rowptr, col, weight, x, grad_out):
+    """float64 (grad_weight, grad_x) through plain PyTorch autograd."""
+    weight = weight.detach().double().cpu().requires_grad_()
+    x = x.detach().double().cpu().requires_grad_()
+    out = reference_spmm(rowptr, col, weight, x)
+    return torch.autograd.grad(out, (weight, x), grad_out.double().cpu())
+
+
+@pytest.mark.parametrize("device,dtype", AUTOCAST)
+@pytest.mark.parametrize("x_dtype", [torch.float32, "autocast"], ids=["x_float32", "x_low"])
+def test_op_under_autocast(device, dtype, x_dtype):
+    """float32 weight with float32 or low-precision x: both reach the kernel in
+    the autocast dtype; gradients come back in each input's own dtype."""
+    rowptr, col, weight, x, grad_out = graph_inputs(device)
+    x = x.to(dtype if x_dtype == "autocast" else x_dtype)
+    weight.requires_grad_()
+    x.requires_grad_()
+    with torch.autocast(device, dtype=dtype):
+        out = pma.multihead_spmm(rowptr, col, weight, x)
+    assert out.dtype == dtype
+    assert rel_error(out, reference_spmm(rowptr, col, weight, x)) <= AUTOCAST_TOL[dtype]
+    grad_weight, grad_x = torch.autograd.grad(out, (weight, x), grad_out.to(dtype))
+    assert grad_weight.dtype == weight.dtype and grad_x.dtype == x.dtype
+    want_weight, want_x = ref_grads(rowptr, col, weight, x, grad_out.to(dtype))
+    assert rel_error(grad_weight, want_weight) <= AUTOCAST_TOL[dtype]
+    assert rel_error(grad_x, want_x) <= AUTOCAST_TOL[dtype]
+
+
+@pytest.mark.parametrize("device,dtype", AUTOCAST)
+def test_autocast_leaves_float64_and_errors_alone(device, dtype):
+    rowptr, col, weight, x, _ = graph_inputs(device)
+    with torch.autocast(device, dtype=dtype):
+        out = pma.multihead_spmm(rowptr, col, weight.double(), x.double())
+        # Only the dtype is autocast's business: shape errors still name the argument.
+        with pytest.raises(RuntimeError, match="weight must have one row per edge"):
+            pma.multihead_spmm(rowptr, col, weight[:-1], x)
+    assert out.dtype == torch.float64
+    assert rel_error(out, reference_spmm(rowptr, col, weight, x)) <= TOLERANCE[torch.float64]
+    # Outside autocast, mixed dtypes are still an error.
+    with pytest.raises(RuntimeError, match="same dtype"):
+        pma.multihead_spmm(rowptr, col, weight, x.to(dtype))
+
+
+def test_autocast_under_compile():
+    rowptr, col, weight, x, _ = graph_inputs("cpu")
+    fn = torch.compile(pma.multihead_spmm, fullgraph=True, backend="aot_eager")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = fn(rowptr, col, weight, x.bfloat16())
+    assert out.dtype == torch.bfloat16
+    assert rel_error(out, reference_spmm(rowptr, col, weight, x)) <= AUTOCAST_TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("device,dtype", AUTOCAST)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_layer_under_autocast(kind, bias, device, dtype):
+    """The layer runs under autocast on every adjacency type, close to PyG's
+    float64 result; the fused op ran (not PyG's fallback)."""
+    case = LAYER_CASES[0]._replace(kwargs=dict(heads=3, bias=bias))
+    edge_index, x_src, _, _ = make_graph(case, 7)
+    torch.manual_seed(7)
+    ref = torch_geometric.nn.GATConv(7, 6, heads=3, bias=bias).double()
+    if bias:  # PyG initialises the bias to zero: make it count
+        torch.nn.init.normal_(ref.bias)
+    ours = GATConv(7, 6, heads=3, bias=bias)
+    ours.load_state_dict(ref.state_dict())
+    ours = ours.float().to(device)
+    want = ref(x_src, edge_index)
+    adj = make_adj(kind, edge_index.to(device), case.num_src, case.num_dst)
+    x = x_src.float().to(device).requires_grad_()
+
+    def run():
+        with torch.autocast(device, dtype=dtype):
+            out = ours(x, adj)
+        out.float().square().sum().backward()
+        return out
+
+    events = op_events(lambda: run())
+    out = run()
+    # The fused op's output is in the autocast dtype; adding the float32 bias
+    # promotes it to float32. PyG's own path (edge_index) multiplies float32
+    # attention weights with low-precision messages, so it is float32 anyway.
+    assert out.dtype == (torch.float32 if bias or kind == "edge_index" else dtype)
+    assert rel_error(out, want) <= 5e-2
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+    assert (OP in events) == (kind != "edge_index")
+
+
+# ---------------------------------------------------------------------------
+# Determinism
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("channels", [32, 33], ids=["D32", "D33"])
+def test_deterministic_mode_bitwise(device, dtype, channels):
+    """No CSC given: deterministic mode makes the backward build one instead
+    of scattering with atomics, so three runs agree bit for bit."""
+    rowptr, col, weight, x, grad_out = graph_inputs(device, seed=3, num_dst=300, num_src=200,
+                                                    num_edges=6000, channels=channels)
+    weight, x, grad_out = weight.to(dtype), x.to(dtype), grad_out.to(dtype)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        def once():
+            w = weight.clone().requires_grad_()
+            v = x.clone().requires_grad_()
+            out = pma.multihead_spmm(rowptr, col, w, v)
+            return (out, *torch.autograd.grad(out, (w, v), grad_out))
+
+        events = op_events(once)
+        runs = [once() for _ in range(3)]
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+    assert "pyg_multihead_agg::multihead_spmm_backward_csc" in events
+    assert "pyg_multihead_agg::multihead_spmm_backward_x_scatter" not in events
+    for again in runs[1:]:
+        for name, a, b in zip(("out", "grad_weight", "grad_x"), runs[0], again, strict=True):
+            assert torch.equal(a, b), f"{name} differs between runs"
+    want_w, want_x = ref_grads(rowptr, col, weight, x, grad_out)
+    assert rel_error(runs[0][0], reference_spmm(rowptr, col, weight, x)) <= TOLERANCE[dtype]
+    assert rel_error(runs[0][1], want_w) <= TOLERANCE[dtype]
+    assert rel_error(runs[0][2], want_x) <= TOLERANCE[dtype]

@@ -1,0 +1,246 @@
+"""Property-based differential tests: every op against a float64 plain-PyTorch
+reference on hypothesis-generated CSR graphs.
+
+Graphs cover E = 0, N_dst = 0, N_src = 0, rows without edges, duplicate edges,
+self-loops, N_src != N_dst and one hub row holding most edges; H and D range
+from 1 to a few hundred (odd sizes included); every value and index dtype;
+contiguous, strided, transposed, offset and broadcast (stride 0) inputs.
+
+Profiles: "ci" (default) keeps the file within about a minute on a small CPU;
+"gpu" (``HYPOTHESIS_PROFILE=gpu``) draws many more and larger cases.
+"""
+import os
+from typing import NamedTuple
+
+import pytest
+import torch
+from conftest import DEVICES, FLOAT_DTYPES, INDEX_DTYPES, TOLERANCE, reference_spmm, rel_error
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch import Tensor
+from torch_geometric.index import index2ptr
+
+import pyg_multihead_agg as pma
+
+ops = torch.ops.pyg_multihead_agg
+
+# No example database: nothing is written into the tree, and a failure prints
+# the @reproduce_failure blob instead.
+_COMMON = dict(deadline=None, database=None, print_blob=True,
+               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("ci", max_examples=60, **_COMMON)
+settings.register_profile("gpu", max_examples=250, **_COMMON)
+# A few examples each, for scripts/sanitize.sh (compute-sanitizer is slow).
+settings.register_profile("sanitize", max_examples=8, **_COMMON)
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+settings.load_profile(PROFILE)
+
+# Size bounds per profile: nodes, edges, extra hub edges, heads * channels.
+_BOUNDS = {
+    "ci": dict(nodes=12, edges=40, hub=60, width=768),
+    "gpu": dict(nodes=200, edges=1500, hub=3000, width=8192),
+}
+BOUNDS = _BOUNDS.get(PROFILE, _BOUNDS["ci"])
+# Channel counts that hit the CUDA fast paths, their neighbours and odd sizes.
+SPECIAL_CHANNELS = [1, 2, 3, 7, 8, 15, 16, 24, 32, 33, 64, 127, 128, 256, 257, 300]
+LAYOUTS = ["contiguous", "x_strided", "x_offset", "x_every_other_row", "x_broadcast",
+           "weight_transposed", "all"]
+
+
+class Problem(NamedTuple):
+    num_dst: int
+    num_src: int
+    edges: list  # (dst, src) pairs, unsorted
+    heads: int
+    channels: int
+    dtype: torch.dtype
+    index_dtype: torch.dtype
+    layout: str
+    seed: int
+
+
+@st.composite
+def problems(draw):
+    b = BOUNDS
+    num_dst = draw(st.integers(0, b["nodes"]))
+    num_src = draw(st.integers(0, b["nodes"]))
+    edges = []
+    if num_dst > 0 and num_src > 0:
+        pair = st.tuples(st.integers(0, num_dst - 1), st.integers(0, num_src - 1))
+        edges = draw(st.lists(pair, max_size=b["edges"]))
+        if edges and draw(st.booleans()):  # duplicates of existing edges
+            edges += edges[: draw(st.integers(1, len(edges)))]
+        if draw(st.booleans()):  # self-loops (node ids shared by both sides)
+            edges += [(i, i) for i in range(min(num_dst, num_src))]
+        if draw(st.booleans()):  # one hub row holding most edges
+            hub = draw(st.integers(0, num_dst - 1))
+            degree = draw(st.integers(len(edges) + 1, max(len(edges) + 1, b["hub"])))
+            edges += [(hub, j % num_src) for j in range(degree)]
+    heads = draw(st.one_of(st.integers(1, 8), st.integers(1, 300)))
+    max_channels = max(1, min(300, b["width"] // heads))
+    special = [c for c in SPECIAL_CHANNELS if c <= max_channels]
+    channels = draw(st.one_of(st.sampled_from(special), st.integers(1, max_channels)))
+    return Problem(num_dst, num_src, edges, heads, channels,
+                   draw(st.sampled_from(FLOAT_DTYPES)), draw(st.sampled_from(INDEX_DTYPES)),
+                   draw(st.sampled_from(LAYOUTS)), draw(st.integers(0, 2**31 - 1)))
+
+
+def csr_of(p: Problem, device):
+    """(rowptr, col) sorted by destination, in the problem's index dtype."""
+    pairs = torch.tensor(p.edges, dtype=torch.long).view(-1, 2)
+    row, order = pairs[:, 0].sort(stable=True)
+    col = pairs[order, 1]
+    rowptr = index2ptr(row, p.num_dst)
+    return rowptr.to(device, p.index_dtype), col.to(device, p.index_dtype)
+
+
+def shuffled_csc(rowptr, col, num_src, gen):
+    """A valid CSC (colptr, row, perm) whose order within each column is random:
+    the kernels must not rely on csr_to_csc's stable order."""
+    rowptr_l, col_l = rowptr.cpu().long(), col.cpu().long()
+    num_edges = col_l.numel()
+    key = col_l * (num_edges + 1) + torch.randperm(num_edges, generator=gen)
+    perm = key.argsort()
+    rows = torch.repeat_interleave(torch.arange(rowptr_l.numel() - 1), rowptr_l.diff())
+    colptr = index2ptr(col_l[perm], num_src)
+    return tuple(t.to(col.device, col.dtype) for t in (colptr, rows[perm], perm))
+
+
+def with_layout(t: Tensor, how: str, device) -> Tensor:
+    """The same values as t in a differently laid out tensor."""
+    if how == "strided":  # every other element of the last dim
+        big = torch.full((*t.shape[:-1], 2 * t.shape[-1]), float("nan"), dtype=t.dtype,
+                         device=device)
+        big[..., ::2] = t
+        return big[..., ::2]
+    if how == "offset":  # contiguous, but starting 3 rows into the storage
+        big = torch.full((t.shape[0] + 3, *t.shape[1:]), float("nan"), dtype=t.dtype,
+                         device=device)
+        big[3:] = t
+        return big[3:]
+    if how == "every_other_row":
+        big = torch.full((2 * t.shape[0], *t.shape[1:]), float("nan"), dtype=t.dtype,
+                         device=device)
+        big[::2] = t
+        return big[::2]
+    if how == "transposed":  # column-major 2-D
+        return t.t().contiguous().t()
+    if how == "broadcast":  # every row the same, stride 0 on dim 0
+        return t[:1].expand_as(t) if t.shape[0] > 0 else t
+    return t
+
+
+def values(p: Problem, num_edges: int, device):
+    """weight [E, H], x [N_src, H, D], grad_out [N_dst, H, D] laid out as p asks."""
+    gen = torch.Generator().manual_seed(p.seed)
+    weight = torch.randn(num_edges, p.heads, generator=gen).to(device, p.dtype)
+    x = torch.randn(p.num_src, p.heads, p.channels, generator=gen).to(device, p.dtype)
+    grad_out = torch.randn(p.num_dst, p.heads, p.channels, generator=gen).to(device, p.dtype)
+    everything = p.layout == "all"
+    if everything or p.layout == "weight_transposed":
+        weight = with_layout(weight, "transposed", device)
+    for how in ("strided", "offset", "every_other_row", "broadcast"):
+        if p.layout == f"x_{how}":
+            x = with_layout(x, how, device)
+    if everything:
+        x = with_layout(with_layout(x, "every_other_row", device), "strided", device)
+        grad_out = with_layout(grad_out, "strided", device)
+    return weight, x, grad_out, gen
+
+
+def ref_grad_x(rowptr, col, weight, grad_out, num_src):
+    """float64 grad_x[j] = sum_{e: col[e] = j} weight[e] * grad_out[row(e)]."""
+    rowptr, col = rowptr.cpu().long(), col.cpu().long()
+    row = torch.repeat_interleave(torch.arange(rowptr.numel() - 1), rowptr.diff())
+    weight, grad_out = weight.detach().cpu().double(), grad_out.cpu().double()
+    out = torch.zeros(num_src, grad_out.size(1), grad_out.size(2), dtype=torch.float64)
+    return out.index_add_(0, col, weight.unsqueeze(-1) * grad_out[row])
+
+
+def ref_sddmm(rowptr, col, a, b):
+    """float64 out[e, h] = <a[row(e), h], b[col[e], h]>."""
+    rowptr, col = rowptr.cpu().long(), col.cpu().long()
+    row = torch.repeat_interleave(torch.arange(rowptr.numel() - 1), rowptr.diff())
+    return (a.detach().cpu().double()[row] * b.detach().cpu().double()[col]).sum(-1)
+
+
+def assert_matches(out, ref, p: Problem, what: str):
+    assert out.dtype == p.dtype, (what, out.dtype)
+    err = rel_error(out, ref)  # also asserts shape and finiteness
+    assert err <= TOLERANCE[p.dtype], f"{what}: relative error {err:.3g} for {p}"
+
+
+def poison(shape, p: Problem, device):
+    """CUDA: leave a NaN block for the caching allocator to hand out next, so
+    an output element that is never written shows as NaN."""
+    if device == "cuda":
+        t = torch.full(shape, float("nan"), dtype=p.dtype, device=device)
+        del t
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@given(p=problems())
+def test_forward(device, p):
+    rowptr, col = csr_of(p, device)
+    weight, x, _, _ = values(p, col.numel(), device)
+    before = [t.clone() for t in (rowptr, col, weight, x)]
+    poison((p.num_dst, p.heads, p.channels), p, device)
+    out = pma.multihead_spmm(rowptr, col, weight, x)
+    assert out.shape == (p.num_dst, p.heads, p.channels) and out.device.type == device
+    assert_matches(out, reference_spmm(rowptr, col, weight, x), p, "forward")
+    for t, saved in zip((rowptr, col, weight, x), before, strict=True):
+        assert torch.equal(t, saved), "an input was modified"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@given(p=problems(), mode=st.sampled_from(["csc", "no_csc", "no_csc_deterministic"]),
+       needs=st.sampled_from(["both", "x", "weight"]))
+def test_autograd(device, p, mode, needs):
+    rowptr, col = csr_of(p, device)
+    weight, x, grad_out, gen = values(p, col.numel(), device)
+    weight.requires_grad_(needs in ("both", "weight"))
+    x.requires_grad_(needs in ("both", "x"))
+    csc = shuffled_csc(rowptr, col, p.num_src, gen) if mode == "csc" else None
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(mode == "no_csc_deterministic")
+    try:
+        out = pma.multihead_spmm(rowptr, col, weight, x, csc=csc)
+        inputs = [t for t in (weight, x) if t.requires_grad]
+        grads = torch.autograd.grad(out, inputs, grad_out)
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+    assert_matches(out, reference_spmm(rowptr, col, weight, x), p, "forward")
+    expected = {"weight": lambda: ref_sddmm(rowptr, col, grad_out, x),
+                "x": lambda: ref_grad_x(rowptr, col, weight, grad_out, p.num_src)}
+    names = [n for n, t in (("weight", weight), ("x", x)) if t.requires_grad]
+    for name, grad in zip(names, grads, strict=True):
+        assert_matches(grad, expected[name](), p, f"grad_{name} ({mode})")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@given(p=problems())
+def test_backward_ops_and_sddmm(device, p):
+    rowptr, col = csr_of(p, device)
+    weight, x, grad_out, gen = values(p, col.numel(), device)
+    colptr, row, perm = shuffled_csc(rowptr, col, p.num_src, gen)
+    H, D = p.heads, p.channels
+    want_gx = ref_grad_x(rowptr, col, weight, grad_out, p.num_src)
+    want_gw = ref_sddmm(rowptr, col, grad_out, x)
+
+    poison((p.num_src, H, D), p, device)
+    grad_x, grad_weight = ops.multihead_spmm_backward_csc(colptr, row, perm, weight, x, grad_out)
+    assert_matches(grad_x, want_gx, p, "backward_csc grad_x")
+    assert_matches(grad_weight, want_gw, p, "backward_csc grad_weight")
+    grad_x, empty = ops.multihead_spmm_backward_csc(colptr, row, perm, weight, None, grad_out)
+    assert_matches(grad_x, want_gx, p, "backward_csc grad_x only")
+    assert empty.shape == (0, H)
+    empty, grad_weight = ops.multihead_spmm_backward_csc(colptr, row, perm, None, x, grad_out)
+    assert_matches(grad_weight, want_gw, p, "backward_csc grad_weight only")
+    assert empty.shape == (0, H, D)
+
+    poison((p.num_src, H, D), p, device)
+    scattered = ops.multihead_spmm_backward_x_scatter(rowptr, col, weight, grad_out, p.num_src)
+    assert_matches(scattered, want_gx, p, "backward_x_scatter")
+
+    poison((col.numel(), H), p, device)
+    assert_matches(ops.multihead_sddmm(rowptr, col, grad_out, x), want_gw, p, "sddmm")
