@@ -1,10 +1,12 @@
 """CSR / CSC helpers: validation and the transposed graph for the backward."""
+import weakref
 from typing import Tuple
 
 import torch
 from torch import Tensor
 from torch_geometric import is_compiling
 from torch_geometric.index import index2ptr, ptr2index
+from torch_geometric.typing import SparseTensor
 
 CSC = Tuple[Tensor, Tensor, Tensor]
 
@@ -89,6 +91,54 @@ def csr_to_csc(rowptr: Tensor, col: Tensor, num_src: int) -> CSC:
     colptr = index2ptr(col[perm], num_src).to(col.dtype)
     return colptr, row, perm.to(col.dtype)
 
+
+
+def _index_versions(adj) -> Tuple[int, ...]:
+    # In-place changes to an adjacency's indices bump these counters.
+    if isinstance(adj, SparseTensor):
+        storage = adj.storage
+        tensors = (storage._rowptr, storage._row, storage._col)
+    elif isinstance(adj, Tensor) and adj.layout == torch.sparse_csr:
+        tensors = (adj.crow_indices(), adj.col_indices())
+    elif isinstance(adj, Tensor) and adj.is_sparse:
+        tensors = (adj._indices(),)
+    else:
+        tensors = (getattr(adj, "_data", adj),)
+    return tuple(t._version for t in tensors if t is not None)
+
+
+class GraphCache:
+    r"""Holds one value derived from one adjacency object (its graph with
+    self-loops, its CSC), so that a graph used step after step is processed
+    once. Keyed by the object's identity (held weakly), the version counters
+    of its index tensors (in-place edits invalidate it) and an extra key.
+    Dropped on copy and pickle: a cache, not state.
+    """
+
+    def __init__(self) -> None:
+        self._ref = None
+        self._key = None
+        self._value = None
+
+    def get(self, adj, extra):
+        if self._ref is not None and self._ref() is adj and self._key == (
+                _index_versions(adj), extra):
+            return self._value
+        return None
+
+    def put(self, adj, extra, value) -> None:
+        self._ref = weakref.ref(adj)
+        self._key = (_index_versions(adj), extra)
+        self._value = value
+
+    def __deepcopy__(self, memo) -> "GraphCache":
+        return GraphCache()
+
+    def __getstate__(self) -> dict:
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
 
 
 # CSR + CSC extraction from the adjacency types PyG passes to ``propagate``.

@@ -118,10 +118,7 @@ def test_missing_data_names_root(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def pyg_full_run(request, data_root):
-    # About an hour on 2 CPU cores: only when asked for by marker (pytest -m slow).
-    if "slow" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("the 10-seed run is slow: select it with -m slow")
+def pyg_full_run(data_root):
     return train_cora.main(["--root", str(data_root), "--adj", "edge_index", "--runs", "10",
                             "--quiet"])
 

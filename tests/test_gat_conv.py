@@ -369,3 +369,82 @@ def test_compile_sparse_tensor_with_self_loops():
 def test_compile_torch_csr(add_self_loops):
     # Dynamo cannot wrap sparse tensors: graph breaks around them, no fullgraph.
     compile_case("torch_csr", add_self_loops, "aot_eager", fullgraph=False)
+
+
+# The graph with self-loops (and the CSC of a torch.sparse_csr input) is built
+# once per adjacency object and rebuilt when the object or its indices change.
+
+def count_self_loop_calls(monkeypatch):
+    import pyg_multihead_agg.nn.gat_conv as module
+    calls = []
+    original = module.add_self_loops
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, "add_self_loops", counting)
+    original_set_diag = module.torch_sparse.set_diag if WITH_TORCH_SPARSE else None
+    if WITH_TORCH_SPARSE:
+        def counting_set_diag(*args, **kwargs):
+            calls.append(1)
+            return original_set_diag(*args, **kwargs)
+        monkeypatch.setattr(module.torch_sparse, "set_diag", counting_set_diag)
+    return calls
+
+
+@pytest.mark.parametrize("kind", FUSED_KINDS)
+def test_self_loops_built_once_per_graph(kind, monkeypatch):
+    case = CASES[0]
+    edge_index, x_src, _, _ = make_graph(case, 21)
+    _, ours = make_layers(case, 21)
+    calls = count_self_loop_calls(monkeypatch)
+    adj = make_adj(kind, edge_index, case.num_src, case.num_dst)
+    first = ours(x_src.float(), adj)
+    second = ours(x_src.float(), adj)
+    assert len(calls) == 1
+    assert torch.equal(first, second)
+    # A new adjacency object (another graph): built again, and right.
+    keep = torch.arange(edge_index.size(1)) % 3 != 0
+    out = ours(x_src.float(), make_adj(kind, edge_index[:, keep], case.num_src, case.num_dst))
+    assert len(calls) == 2
+    ref, _ = make_layers(case, 21)
+    assert rel_error(out, ref.float()(x_src.float(), edge_index[:, keep])) <= 1e-5
+
+
+def test_self_loop_cache_sees_in_place_edits():
+    case = CASES[0]
+    edge_index, x_src, _, _ = make_graph(case, 22)
+    ref, ours = make_layers(case, 22)
+    adj = make_adj("edge_index_sorted", edge_index, case.num_src, case.num_dst)
+    ours(x_src.float(), adj)
+    # Point every edge at source 0: same sort order by destination.
+    adj.as_tensor()[0].fill_(0)
+    edited = edge_index.clone()
+    edited[0] = 0
+    out = ours(x_src.float(), adj)
+    assert rel_error(out, ref.float()(x_src.float(), edited)) <= 1e-5
+
+
+def test_layer_with_caches_copies_and_pickles():
+    import copy
+    import pickle
+    case = CASES[0]
+    edge_index, x_src, _, _ = make_graph(case, 23)
+    _, ours = make_layers(case, 23)
+    adj = make_adj("edge_index_sorted", edge_index, case.num_src, case.num_dst)
+    out = ours(x_src.float(), adj)
+    for clone in (copy.deepcopy(ours), pickle.loads(pickle.dumps(ours))):
+        torch.testing.assert_close(clone(x_src.float(), adj), out)
+
+
+def test_torch_csr_builds_no_csc_without_grad():
+    case = CASES[0]
+    edge_index, x_src, _, _ = make_graph(case, 24)
+    _, ours = make_layers(case, 24)
+    adj = make_adj("torch_csr", edge_index, case.num_src, case.num_dst)
+    with torch.no_grad():
+        ours(x_src.float(), adj)
+    assert ours._csc_cache.get(ours._loops_cache._value, None) is None
+    ours(x_src.float(), adj).sum().backward()
+    assert ours._csc_cache.get(ours._loops_cache._value, None) is not None

@@ -3,7 +3,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
-from torch_geometric import EdgeIndex
+from torch_geometric import EdgeIndex, is_compiling
 from torch_geometric.nn import GATConv as PyGGATConv
 from torch_geometric.typing import (
     Adj,
@@ -16,7 +16,12 @@ from torch_geometric.typing import (
 from torch_geometric.utils import add_self_loops, is_torch_sparse_tensor, remove_self_loops
 
 from .. import ops
-from ..adj import csr_csc_from_edge_index, csr_csc_from_sparse_tensor, csr_csc_from_torch_csr
+from ..adj import (
+    GraphCache,
+    csr_csc_from_edge_index,
+    csr_csc_from_sparse_tensor,
+    csr_csc_from_torch_csr,
+)
 
 
 class GATConv(PyGGATConv):
@@ -132,16 +137,29 @@ class GATConv(PyGGATConv):
                 "beforehand and set 'add_self_loops=False'")
         if not (self.add_self_loops and self._adds_own_self_loops(edge_index, edge_attr)):
             return super().forward(x, edge_index, edge_attr, size, return_attention_weights)
+        num_nodes = self._num_loop_nodes(x, size)
         if isinstance(edge_index, EdgeIndex):
-            edge_index, edge_attr = self._self_loops_sorted(x, edge_index, edge_attr, size)
+            edge_index, edge_attr = self._self_loops_sorted(edge_index, edge_attr, num_nodes)
         else:
-            edge_index = _sparse_self_loops(edge_index, self._num_loop_nodes(x, size))
+            edge_index = _sparse_self_loops(self._loops_cache, edge_index, num_nodes)
         # The parent must not add them a second time.
         self.add_self_loops = False
         try:
             return super().forward(x, edge_index, edge_attr, size, return_attention_weights)
         finally:
             self.add_self_loops = True
+
+    @property
+    def _loops_cache(self) -> "GraphCache":
+        if "_loops_cache_" not in self.__dict__:
+            self.__dict__["_loops_cache_"] = GraphCache()
+        return self.__dict__["_loops_cache_"]
+
+    @property
+    def _csc_cache(self) -> "GraphCache":
+        if "_csc_cache_" not in self.__dict__:
+            self.__dict__["_csc_cache_"] = GraphCache()
+        return self.__dict__["_csc_cache_"]
 
     def _adds_own_self_loops(self, edge_index: Adj, edge_attr: OptTensor) -> bool:
         # Column-sorted EdgeIndex: PyG's concatenation would lose the sort
@@ -164,17 +182,27 @@ class GATConv(PyGGATConv):
             num_nodes = min(num_nodes, x_dst.size(0))
         return min(size) if size is not None else num_nodes
 
-    def _self_loops_sorted(self, x, edge_index: EdgeIndex, edge_attr: OptTensor,
-                           size: Size) -> Tuple[EdgeIndex, OptTensor]:
-        edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
-        edge_index, edge_attr = add_self_loops(edge_index, edge_attr, fill_value=self.fill_value,
-                                               num_nodes=self._num_loop_nodes(x, size))
+    def _self_loops_sorted(self, edge_index: EdgeIndex, edge_attr: OptTensor,
+                           num_nodes: int) -> Tuple[EdgeIndex, OptTensor]:
+        # Eager calls on the same graph reuse the result (and so its CSR/CSC
+        # caches); with edge features the permutation would have to be kept
+        # too, so those are rebuilt.
+        use_cache = edge_attr is None and not is_compiling()
+        if use_cache:
+            cached = self._loops_cache.get(edge_index, num_nodes)
+            if cached is not None:
+                return cached, None
+        looped, edge_attr = remove_self_loops(edge_index, edge_attr)
+        looped, edge_attr = add_self_loops(looped, edge_attr, fill_value=self.fill_value,
+                                           num_nodes=num_nodes)
         # Stable: within a destination, the original edges keep their order
         # and the self-loop comes last.
-        edge_index, perm = edge_index.sort_by("col", stable=True)
+        looped, perm = looped.sort_by("col", stable=True)
         if edge_attr is not None and perm is not None:
             edge_attr = edge_attr[perm]
-        return edge_index, edge_attr
+        if use_cache:
+            self._loops_cache.put(edge_index, num_nodes, looped)
+        return looped, edge_attr
 
     def message_and_aggregate(self, edge_index: Adj, x: OptPairTensor, alpha: Tensor) -> Tensor:
         # Called by PyG's propagate for sparse adjacencies and column-sorted
@@ -191,7 +219,9 @@ class GATConv(PyGGATConv):
                 num_dst = x_src.size(0)
             rowptr, col, csc = csr_csc_from_edge_index(edge_index, x_src.size(0), num_dst)
         elif is_torch_sparse_tensor(edge_index) and edge_index.layout == torch.sparse_csr:
-            rowptr, col, csc = csr_csc_from_torch_csr(edge_index)
+            # The forward does not read the CSC: build it only for a backward.
+            need_csc = torch.is_grad_enabled() and (alpha.requires_grad or x_src.requires_grad)
+            rowptr, col, csc = _torch_csr_with_csc(self._csc_cache, edge_index, need_csc)
         else:
             # torch.sparse_coo: no compressed rows to fuse over, so do what
             # PyG's unfused path does.
@@ -202,13 +232,31 @@ class GATConv(PyGGATConv):
 
 
 @torch.compiler.disable
-def _sparse_self_loops(adj_t, num_nodes: int):
-    """PyG's self-loop step for sparse adjacencies, kept out of compiled
-    graphs: torch_sparse's ops and torch.sparse tensors cannot be traced."""
+def _sparse_self_loops(cache: GraphCache, adj_t, num_nodes: int):
+    """PyG's self-loop step for sparse adjacencies, once per graph, kept out
+    of compiled graphs: torch_sparse's ops and torch.sparse tensors cannot be
+    traced."""
+    looped = cache.get(adj_t, num_nodes)
+    if looped is not None:
+        return looped
     if isinstance(adj_t, SparseTensor):
         # The CSR/CSC caches are built here too: torch_sparse's ind2ptr
         # cannot be traced either.
-        return torch_sparse.set_diag(adj_t).fill_cache_()
-    adj_t, _ = remove_self_loops(adj_t)
-    adj_t, _ = add_self_loops(adj_t, num_nodes=num_nodes)
-    return adj_t
+        looped = torch_sparse.set_diag(adj_t).fill_cache_()
+    else:
+        looped, _ = remove_self_loops(adj_t)
+        looped, _ = add_self_loops(looped, num_nodes=num_nodes)
+    cache.put(adj_t, num_nodes, looped)
+    return looped
+
+
+@torch.compiler.disable
+def _torch_csr_with_csc(cache: GraphCache, adj_t: Tensor, need_csc: bool):
+    rowptr, col = adj_t.crow_indices(), adj_t.col_indices()
+    if not need_csc:
+        return rowptr, col, None
+    csc = cache.get(adj_t, None)
+    if csc is None:
+        csc = csr_csc_from_torch_csr(adj_t)[2]
+        cache.put(adj_t, None, csc)
+    return rowptr, col, csc
