@@ -209,15 +209,25 @@ class GATConv(PyGGATConv):
         # EdgeIndex; alpha [E, H] arrives in the adjacency's edge order, which
         # is the CSR-over-destinations order in all fused cases.
         x_src, x_dst = x
-        if isinstance(edge_index, SparseTensor):
-            rowptr, col, csc = csr_csc_from_sparse_tensor(edge_index)
-        elif isinstance(edge_index, EdgeIndex):
+        if isinstance(edge_index, (SparseTensor, EdgeIndex)):
             # x_dst fixes the output size (PyG checked it against any declared
-            # sparse size); an inferred size may miss trailing isolated nodes.
-            num_dst = edge_index.num_cols if x_dst is None else x_dst.size(0)
-            if num_dst is None:
-                num_dst = x_src.size(0)
-            rowptr, col, csc = csr_csc_from_edge_index(edge_index, x_src.size(0), num_dst)
+            # sparse size); an EdgeIndex's inferred size may miss trailing
+            # isolated nodes.
+            num_dst = x_src.size(0) if x_dst is None else x_dst.size(0)
+            if isinstance(edge_index, EdgeIndex) and x_dst is None \
+                    and edge_index.num_cols is not None:
+                num_dst = edge_index.num_cols
+            sizes = (x_src.size(0), num_dst)
+            # Eager calls on the same graph reuse the extraction.
+            cached = None if is_compiling() else self._csc_cache.get(edge_index, sizes)
+            if cached is None:
+                if isinstance(edge_index, SparseTensor):
+                    cached = csr_csc_from_sparse_tensor(edge_index)
+                else:
+                    cached = csr_csc_from_edge_index(edge_index, *sizes)
+                if not is_compiling():
+                    self._csc_cache.put(edge_index, sizes, cached)
+            rowptr, col, csc = cached
         elif is_torch_sparse_tensor(edge_index) and edge_index.layout == torch.sparse_csr:
             # The forward does not read the CSC: build it only for a backward.
             need_csc = torch.is_grad_enabled() and (alpha.requires_grad or x_src.requires_grad)

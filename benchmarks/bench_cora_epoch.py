@@ -1,0 +1,82 @@
+"""Epoch time of the Cora GAT (examples/train_cora.py's model and settings)
+for every adjacency type, timed round-robin in one process so that load on
+the machine hits all variants alike. Prints the median epoch and its ratio
+to PyG's GATConv with a plain edge_index.
+
+    python benchmarks/bench_cora_epoch.py --root DATA [--device cpu] [--rounds 30]
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+import torch_geometric
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+from train_cora import GAT, build_adj, load_dataset, paper_settings, synchronize  # noqa: E402
+
+from pyg_multihead_agg.nn import GATConv  # noqa: E402
+
+KINDS = ["edge_index", "csr", "edge_index_sorted", "sparse_tensor"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", default="~/.cache/pyg_multihead_agg/data")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--epochs-per-round", type=int, default=3)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    dataset = load_dataset(args.root, "Cora")
+    data = dataset[0].to(device)
+    settings = paper_settings("Cora")
+    kinds = [k for k in KINDS if k != "sparse_tensor" or torch_geometric.typing.WITH_TORCH_SPARSE]
+    variants = {}
+    for kind in kinds:
+        conv = torch_geometric.nn.GATConv if kind == "edge_index" else GATConv
+        torch.manual_seed(0)
+        model = GAT(conv, dataset.num_features, settings["hidden_channels"],
+                    dataset.num_classes, settings["heads"], settings["out_heads"],
+                    settings["dropout"]).to(device)
+        optimizer = torch.optim.Adam(model.parameters(), lr=settings["lr"],
+                                     weight_decay=settings["weight_decay"])
+        variants[kind] = (model, optimizer, build_adj(data, kind, device))
+
+    def epoch(kind: str) -> float:
+        model, optimizer, adj = variants[kind]
+        synchronize(device)
+        start = time.perf_counter()
+        model.train()
+        optimizer.zero_grad()
+        out = model(data.x, adj)
+        F.cross_entropy(out[data.train_mask], data.y[data.train_mask]).backward()
+        optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            model(data.x, adj).argmax(dim=-1)
+        synchronize(device)
+        return (time.perf_counter() - start) * 1e3
+
+    times = {kind: [] for kind in kinds}
+    for kind in kinds:  # warm-up
+        epoch(kind)
+    for r in range(args.rounds):
+        order = kinds[r % len(kinds):] + kinds[:r % len(kinds)]
+        for kind in order:
+            times[kind].extend(epoch(kind) for _ in range(args.epochs_per_round))
+    base = statistics.median(times["edge_index"])
+    print(f"device {device}, torch {torch.__version__}, PyG {torch_geometric.__version__}, "
+          f"{args.rounds} rounds x {args.epochs_per_round} epochs")
+    print("| --adj | layer | median epoch | vs PyG |\n|---|---|---|---|")
+    for kind in kinds:
+        med = statistics.median(times[kind])
+        layer = "PyG GATConv" if kind == "edge_index" else "pyg_multihead_agg GATConv"
+        print(f"| {kind} | {layer} | {med:.2f} ms | {base / med:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
