@@ -20,7 +20,6 @@ the big graphs, always including the longest rows and busiest sources).
     python benchmarks/bench_ops.py --device cuda
     python benchmarks/bench_ops.py --device cpu --shapes arxiv-like --dtypes float32
 """
-import argparse
 import functools
 import os
 import statistics
@@ -38,8 +37,8 @@ from pyg_multihead_agg import csr_to_csc, multihead_spmm
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
-from common import DTYPES, TOLERANCE, Row, log  # noqa: E402
-from graphs import SHAPES, Graph, make_graph  # noqa: E402
+from common import TOLERANCE, Row, log  # noqa: E402
+from graphs import Graph, make_graph  # noqa: E402
 
 GATHER_SCATTER = "gather/scatter"
 TORCH_SPARSE = "torch.sparse per head"
@@ -282,42 +281,9 @@ def table(rows: List[Row]) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", choices=["cpu", "cuda"],
-                        default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--shapes", default=None,
-                        help="comma list of " + ", ".join(list(SHAPES) + ["cora"]) +
-                        " (default: cora-like,arxiv-like on cpu, the four synthetic on cuda)")
-    parser.add_argument("--dtypes", default="float32,bfloat16",
-                        help="comma list of " + ", ".join(DTYPES))
+    parser = common.benchmark_parser(__doc__.split("\n\n")[0], check_limit=1 << 23)
     parser.add_argument("--index-dtype", choices=["int32", "int64"], default="int32")
-    parser.add_argument("--repeats", type=int, default=10,
-                        help="timed repeats at least (more for short runs); median reported")
-    parser.add_argument("--warmup", type=int, default=None,
-                        help="untimed calls before timing, besides the check and memory runs "
-                        "(default: 1 on cuda, 0 on cpu)")
-    parser.add_argument("--check-limit", type=int, default=1 << 23,
-                        help="check every row, source and edge of graphs with at most this "
-                        "many edges, else a seeded sample of rows / sources / edges that holds "
-                        "about this many")
-    parser.add_argument("--data-root", default=None,
-                        help="folder holding Cora/raw, for --shapes cora (default ../shared/data)")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
-    parser.add_argument("--tag", default=None, help="suffix of the result file names")
-    args = parser.parse_args(argv)
-    if args.repeats < 10:
-        parser.error("--repeats must be at least 10 (the median of >= 10 runs is reported)")
-    device = torch.device(args.device)
-    if args.warmup is None:
-        args.warmup = 1 if device.type == "cuda" else 0
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda but torch.cuda.is_available() is False")
-    shapes = (args.shapes.split(",") if args.shapes else
-              ["cora-like", "arxiv-like"] if device.type == "cpu" else list(SHAPES))
-    try:
-        dtypes = [DTYPES[d] for d in args.dtypes.split(",")]
-    except KeyError as exc:
-        parser.error(f"unknown dtype {exc}; choose from {', '.join(DTYPES)}")
+    args, device, shapes, dtypes = common.parse_benchmark_args(parser, argv)
 
     meta = common.environment(device, sys.argv if argv is None else [__file__] + argv)
     meta["pyg_multihead_agg"] = pyg_multihead_agg.__version__

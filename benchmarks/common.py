@@ -4,6 +4,7 @@ Rules (../shared/benchmarks.md): CUDA events after warm-up (time.perf_counter
 on the CPU), the median of at least 10 repeats, every result checked against a
 float64 reference before it is timed, out-of-memory reported, not fatal.
 """
+import argparse
 import datetime
 import gc
 import json
@@ -390,3 +391,49 @@ def _bar_chart(path: str, title: str, meta: Dict[str, Any], rows: List[Row],
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
+
+
+def benchmark_parser(description: str, check_limit: int) -> "argparse.ArgumentParser":
+    """The options both benchmark scripts share; each adds its own."""
+    from graphs import SHAPES
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--device", choices=["cpu", "cuda"],
+                        default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--shapes", default=None,
+                        help="comma list of " + ", ".join(list(SHAPES) + ["cora"]) +
+                        " (default: cora-like,arxiv-like on cpu, the four synthetic on cuda)")
+    parser.add_argument("--dtypes", default="float32,bfloat16",
+                        help="comma list of " + ", ".join(DTYPES))
+    parser.add_argument("--repeats", type=int, default=10,
+                        help="timed repeats at least (more for short runs); median reported")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="untimed calls before timing, besides the check and memory runs "
+                        "(default: 1 on cuda, 0 on cpu)")
+    parser.add_argument("--check-limit", type=int, default=check_limit,
+                        help="check every row, source and edge of graphs with at most this "
+                        "many edges, else a seeded sample that holds about this many")
+    parser.add_argument("--data-root", default=None,
+                        help="folder holding Cora/raw, for --shapes cora (default ../shared/data)")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    parser.add_argument("--tag", default=None, help="suffix of the result file names")
+    return parser
+
+
+def parse_benchmark_args(parser: "argparse.ArgumentParser", argv: Optional[Sequence[str]]):
+    """Parses and checks the shared options: (args, device, shapes, dtypes)."""
+    from graphs import SHAPES
+    args = parser.parse_args(argv)
+    if args.repeats < 10:
+        parser.error("--repeats must be at least 10 (the median of >= 10 runs is reported)")
+    device = torch.device(args.device)
+    if args.warmup is None:
+        args.warmup = 1 if device.type == "cuda" else 0
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda but torch.cuda.is_available() is False")
+    shapes = (args.shapes.split(",") if args.shapes else
+              ["cora-like", "arxiv-like"] if device.type == "cpu" else list(SHAPES))
+    try:
+        dtypes = [DTYPES[d] for d in args.dtypes.split(",")]
+    except KeyError as exc:
+        parser.error(f"unknown dtype {exc}; choose from {', '.join(DTYPES)}")
+    return args, device, shapes, dtypes
