@@ -156,7 +156,6 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_out):
     rowptr, col, weight, x, colptr, row, perm = ctx.saved_tensors
-    grad_out = grad_out.contiguous()
     grad_weight = grad_x = None
     if colptr is None and grad_out.is_cuda and not torch.are_deterministic_algorithms_enabled():
         if weight is not None:

@@ -35,11 +35,35 @@ def random_csr(num_dst, num_src, num_edges, *, index_dtype=torch.int64, device="
 
 def reference_spmm(rowptr, col, weight, x):
     """float64 plain-PyTorch out[i] = sum_e weight[e] * x[col[e]]."""
-    rowptr, col = rowptr.long().cpu(), col.long().cpu()
     weight, x = weight.double().cpu(), x.double().cpu()
-    row = torch.repeat_interleave(torch.arange(rowptr.numel() - 1), rowptr.diff())
     out = torch.zeros(rowptr.numel() - 1, x.size(1), x.size(2), dtype=torch.float64)
-    return out.index_add_(0, row, weight.unsqueeze(-1) * x[col])
+    return out.index_add_(0, _rows(rowptr), weight.unsqueeze(-1) * x[col.long().cpu()])
+
+
+def _rows(rowptr):
+    rowptr = rowptr.long().cpu()
+    return torch.repeat_interleave(torch.arange(rowptr.numel() - 1), rowptr.diff())
+
+
+def reference_sddmm(rowptr, col, a, b):
+    """float64 out[e, h] = <a[row(e), h], b[col[e], h]>."""
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    return (a[_rows(rowptr)] * b[col.long().cpu()]).sum(-1)
+
+
+def reference_grad_x(rowptr, col, weight, grad_out, num_src):
+    """float64 grad_x[j] = sum_{e: col[e] = j} weight[e] * grad_out[row(e)]."""
+    weight, grad_out = weight.detach().double().cpu(), grad_out.detach().double().cpu()
+    out = torch.zeros(num_src, grad_out.size(1), grad_out.size(2), dtype=torch.float64)
+    return out.index_add_(0, col.long().cpu(), weight.unsqueeze(-1) * grad_out[_rows(rowptr)])
+
+
+def poison(shape, dtype, device):
+    """CUDA: leave a NaN block of this size for the caching allocator to hand
+    out next, so an output element that is never written shows as NaN."""
+    if torch.device(device).type == "cuda":
+        t = torch.full(shape, float("nan"), dtype=dtype, device=device)
+        del t
 
 
 def rel_error(out, ref):

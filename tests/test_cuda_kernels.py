@@ -8,6 +8,7 @@ than a chunk), and long rows handled by a whole block (more than 64 edges).
 """
 import pytest
 import torch
+from conftest import poison, reference_grad_x, reference_sddmm, reference_spmm
 
 from pyg_multihead_agg import csr_to_csc
 
@@ -60,30 +61,6 @@ def power_law_graph(num_dst, num_src, gen, hub_degree=6000):
     return csr_from_degrees(deg, num_src, gen, skew=3.0)
 
 
-def rows_of(rowptr):
-    return torch.repeat_interleave(torch.arange(rowptr.numel() - 1), rowptr.diff())
-
-
-def ref_spmm(rowptr, col, weight, x):
-    rowptr, col, weight, x = rowptr.cpu(), col.cpu().long(), weight.cpu().double(), x.cpu().double()
-    out = torch.zeros(rowptr.numel() - 1, x.size(1), x.size(2), dtype=torch.float64)
-    return out.index_add_(0, rows_of(rowptr.long()), weight.unsqueeze(-1) * x.index_select(0, col))
-
-
-def ref_sddmm(rowptr, col, a, b):
-    row = rows_of(rowptr.cpu().long())
-    a, b = a.cpu().double(), b.cpu().double()
-    return (a.index_select(0, row) * b.index_select(0, col.cpu().long())).sum(-1)
-
-
-def ref_grad_x(rowptr, col, weight, grad_out, num_src):
-    row = rows_of(rowptr.cpu().long())
-    weight, grad_out = weight.cpu().double(), grad_out.cpu().double()
-    out = torch.zeros(num_src, grad_out.size(1), grad_out.size(2), dtype=torch.float64)
-    return out.index_add_(0, col.cpu().long(),
-                          weight.unsqueeze(-1) * grad_out.index_select(0, row))
-
-
 def assert_close(out, ref, dtype, what):
     assert out.dtype == dtype, (what, out.dtype)
     out = out.detach().cpu().double()
@@ -93,13 +70,6 @@ def assert_close(out, ref, dtype, what):
         return
     err = float((out - ref).norm() / ref.norm().clamp_min(1e-30))
     assert err <= TOL[dtype], f"{what}: relative error {err:.3g} > {TOL[dtype]:.3g}"
-
-
-def poison(shape, dtype):
-    """Fill the caching allocator's next block of this size with NaN, so an
-    output that is not fully written shows up."""
-    t = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
-    del t
 
 
 def make_values(rowptr, col, num_src, heads, channels, dtype, gen):
@@ -114,15 +84,15 @@ def check_all_ops(rowptr, col, weight, x, grad_out, dtype):
     """Every op against the reference, outputs poisoned first; returns the outputs."""
     num_dst, num_src = rowptr.numel() - 1, x.size(0)
     H, D = x.size(1), x.size(2)
-    poison((num_dst, H, D), dtype)
+    poison((num_dst, H, D), dtype, "cuda")
     out = ops.multihead_spmm(rowptr, col, weight, x)
-    assert_close(out, ref_spmm(rowptr, col, weight, x), dtype, "forward")
+    assert_close(out, reference_spmm(rowptr, col, weight, x), dtype, "forward")
 
     colptr, row, perm = csr_to_csc(rowptr, col, num_src)
     assert colptr.dtype == row.dtype == perm.dtype == col.dtype
-    ref_gx = ref_grad_x(rowptr, col, weight, grad_out, num_src)
-    ref_gw = ref_sddmm(rowptr, col, grad_out, x)
-    poison((num_src, H, D), dtype)
+    ref_gx = reference_grad_x(rowptr, col, weight, grad_out, num_src)
+    ref_gw = reference_sddmm(rowptr, col, grad_out, x)
+    poison((num_src, H, D), dtype, "cuda")
     gx, gw = ops.multihead_spmm_backward_csc(colptr, row, perm, weight, x, grad_out)
     assert_close(gx, ref_gx, dtype, "backward_csc grad_x")
     assert_close(gw, ref_gw, dtype, "backward_csc grad_weight")
@@ -133,11 +103,11 @@ def check_all_ops(rowptr, col, weight, x, grad_out, dtype):
     assert_close(gw_only, ref_gw, dtype, "backward_csc grad_weight only")
     assert gx_empty.shape == (0, H, D)
 
-    poison((num_src, H, D), dtype)
+    poison((num_src, H, D), dtype, "cuda")
     gx_scatter = ops.multihead_spmm_backward_x_scatter(rowptr, col, weight, grad_out, num_src)
     assert_close(gx_scatter, ref_gx, dtype, "backward_x_scatter")
 
-    poison((col.numel(), H), dtype)
+    poison((col.numel(), H), dtype, "cuda")
     sddmm = ops.multihead_sddmm(rowptr, col, grad_out, x)
     assert_close(sddmm, ref_gw, dtype, "sddmm")
     return out, gx, gw
@@ -210,7 +180,7 @@ def test_unaligned_and_non_contiguous_inputs(dtype):
     check_all_ops(rowptr, col, unaligned(weight), unaligned(x), unaligned(grad_out), dtype)
     check_all_ops(rowptr, col, weight.t().contiguous().t(), sliced_x, grad_out, dtype)
     # Only a or only b unaligned in the SDDMM.
-    ref = ref_sddmm(rowptr, col, grad_out, x)
+    ref = reference_sddmm(rowptr, col, grad_out, x)
     assert_close(ops.multihead_sddmm(rowptr, col, unaligned(grad_out), x), ref, dtype, "sddmm a")
     assert_close(ops.multihead_sddmm(rowptr, col, grad_out, unaligned(x)), ref, dtype, "sddmm b")
 

@@ -9,7 +9,14 @@ reference computed on just those rows.
 """
 import pytest
 import torch
-from conftest import TOLERANCE, reference_spmm, rel_error
+from conftest import (
+    TOLERANCE,
+    poison,
+    reference_grad_x,
+    reference_sddmm,
+    reference_spmm,
+    rel_error,
+)
 from torch_geometric.index import index2ptr
 
 from pyg_multihead_agg import csr_to_csc
@@ -56,17 +63,6 @@ def local(ids):
     return touched, torch.searchsorted(touched, ids)
 
 
-def ref_grad_x(rowptr, col, weight, grad_out, num_src):
-    row = torch.repeat_interleave(torch.arange(rowptr.numel() - 1), rowptr.diff())
-    out = torch.zeros(num_src, grad_out.size(1), grad_out.size(2), dtype=torch.float64)
-    return out.index_add_(0, col, weight.double().unsqueeze(-1) * grad_out.double()[row])
-
-
-def ref_sddmm(rowptr, col, a, b):
-    row = torch.repeat_interleave(torch.arange(rowptr.numel() - 1), rowptr.diff())
-    return (a.double()[row] * b.double()[col]).sum(-1)
-
-
 def assert_close(out, ref, what):
     err = rel_error(out, ref)
     assert err <= TOLERANCE[DTYPE], f"{what}: relative error {err:.3g}"
@@ -77,12 +73,6 @@ def assert_zero_elsewhere(big, touched, what):
     Zeroes the touched rows in place: a copy would not fit the memory budget."""
     rest = torch.count_nonzero(big.index_fill_(0, touched.to(big.device), 0))
     assert int(rest) == 0, f"{what}: {int(rest)} non-zero elements outside the touched rows"
-
-
-def poison(shape):
-    """Leave a NaN block of this size for the caching allocator to hand out next."""
-    t = torch.full(shape, float("nan"), dtype=DTYPE, device="cuda")
-    del t
 
 
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
@@ -108,10 +98,10 @@ def test_many_source_rows(heads, channels, index_dtype):
     out = ops.multihead_spmm(rowptr_d, col_d, weight_d, x)
     assert_close(out, reference_spmm(rowptr, col_local, weight, x_touched), "forward")
 
-    want_gx = ref_grad_x(rowptr, col_local, weight, grad_out, touched.numel())
-    want_gw = ref_sddmm(rowptr, col_local, grad_out, x_touched)
+    want_gx = reference_grad_x(rowptr, col_local, weight, grad_out, touched.numel())
+    want_gw = reference_sddmm(rowptr, col_local, grad_out, x_touched)
     colptr, row_csc, perm = csr_to_csc(rowptr_d, col_d, num_src)
-    poison(x.shape)
+    poison(x.shape, DTYPE, "cuda")
     grad_x, grad_weight = ops.multihead_spmm_backward_csc(colptr, row_csc, perm, weight_d, x,
                                                           grad_out_d)
     assert_close(grad_x[touched.cuda()], want_gx, "backward_csc grad_x")
@@ -119,7 +109,7 @@ def test_many_source_rows(heads, channels, index_dtype):
     assert_close(grad_weight, want_gw, "backward_csc grad_weight")
     del grad_x
 
-    poison(x.shape)
+    poison(x.shape, DTYPE, "cuda")
     grad_x = ops.multihead_spmm_backward_x_scatter(rowptr_d, col_d, weight_d, grad_out_d, num_src)
     assert_close(grad_x[touched.cuda()], want_gx, "backward_x_scatter")
     assert_zero_elsewhere(grad_x, touched, "backward_x_scatter")
@@ -144,7 +134,7 @@ def test_many_destination_rows(heads, channels, index_dtype):
 
     rowptr_d = index2ptr(row.cuda(), num_dst).to(index_dtype)
     col_d, weight_d, x_d = col.cuda().to(index_dtype), weight.cuda(), x.cuda()
-    poison((num_dst, heads, channels))
+    poison((num_dst, heads, channels), DTYPE, "cuda")
     out = ops.multihead_spmm(rowptr_d, col_d, weight_d, x_d)
     assert out.numel() > 2**31
     assert_close(out[touched.cuda()], reference_spmm(rowptr_local, col, weight, x), "forward")
@@ -154,8 +144,8 @@ def test_many_destination_rows(heads, channels, index_dtype):
     # Rows without edges are NaN: no kernel may read them.
     grad_out = torch.full((num_dst, heads, channels), float("nan"), dtype=DTYPE, device="cuda")
     grad_out[touched.cuda()] = grad_touched.cuda()
-    want_gx = ref_grad_x(rowptr_local, col, weight, grad_touched, num_src)
-    want_gw = ref_sddmm(rowptr_local, col, grad_touched, x)
+    want_gx = reference_grad_x(rowptr_local, col, weight, grad_touched, num_src)
+    want_gw = reference_sddmm(rowptr_local, col, grad_touched, x)
     colptr, row_csc, perm = csr_to_csc(rowptr_d, col_d, num_src)
     grad_x, grad_weight = ops.multihead_spmm_backward_csc(colptr, row_csc, perm, weight_d, x_d,
                                                           grad_out)

@@ -14,7 +14,17 @@ from typing import NamedTuple
 
 import pytest
 import torch
-from conftest import DEVICES, FLOAT_DTYPES, INDEX_DTYPES, TOLERANCE, reference_spmm, rel_error
+from conftest import (
+    DEVICES,
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    TOLERANCE,
+    poison,
+    reference_grad_x,
+    reference_sddmm,
+    reference_spmm,
+    rel_error,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import Tensor
@@ -148,34 +158,10 @@ def values(p: Problem, num_edges: int, device):
     return weight, x, grad_out, gen
 
 
-def ref_grad_x(rowptr, col, weight, grad_out, num_src):
-    """float64 grad_x[j] = sum_{e: col[e] = j} weight[e] * grad_out[row(e)]."""
-    rowptr, col = rowptr.cpu().long(), col.cpu().long()
-    row = torch.repeat_interleave(torch.arange(rowptr.numel() - 1), rowptr.diff())
-    weight, grad_out = weight.detach().cpu().double(), grad_out.cpu().double()
-    out = torch.zeros(num_src, grad_out.size(1), grad_out.size(2), dtype=torch.float64)
-    return out.index_add_(0, col, weight.unsqueeze(-1) * grad_out[row])
-
-
-def ref_sddmm(rowptr, col, a, b):
-    """float64 out[e, h] = <a[row(e), h], b[col[e], h]>."""
-    rowptr, col = rowptr.cpu().long(), col.cpu().long()
-    row = torch.repeat_interleave(torch.arange(rowptr.numel() - 1), rowptr.diff())
-    return (a.detach().cpu().double()[row] * b.detach().cpu().double()[col]).sum(-1)
-
-
 def assert_matches(out, ref, p: Problem, what: str):
     assert out.dtype == p.dtype, (what, out.dtype)
     err = rel_error(out, ref)  # also asserts shape and finiteness
     assert err <= TOLERANCE[p.dtype], f"{what}: relative error {err:.3g} for {p}"
-
-
-def poison(shape, p: Problem, device):
-    """CUDA: leave a NaN block for the caching allocator to hand out next, so
-    an output element that is never written shows as NaN."""
-    if device == "cuda":
-        t = torch.full(shape, float("nan"), dtype=p.dtype, device=device)
-        del t
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -184,7 +170,7 @@ def test_forward(device, p):
     rowptr, col = csr_of(p, device)
     weight, x, _, _ = values(p, col.numel(), device)
     before = [t.clone() for t in (rowptr, col, weight, x)]
-    poison((p.num_dst, p.heads, p.channels), p, device)
+    poison((p.num_dst, p.heads, p.channels), p.dtype, device)
     out = pma.multihead_spmm(rowptr, col, weight, x)
     assert out.shape == (p.num_dst, p.heads, p.channels) and out.device.type == device
     assert_matches(out, reference_spmm(rowptr, col, weight, x), p, "forward")
@@ -210,8 +196,8 @@ def test_autograd(device, p, mode, needs):
     finally:
         torch.use_deterministic_algorithms(deterministic)
     assert_matches(out, reference_spmm(rowptr, col, weight, x), p, "forward")
-    expected = {"weight": lambda: ref_sddmm(rowptr, col, grad_out, x),
-                "x": lambda: ref_grad_x(rowptr, col, weight, grad_out, p.num_src)}
+    expected = {"weight": lambda: reference_sddmm(rowptr, col, grad_out, x),
+                "x": lambda: reference_grad_x(rowptr, col, weight, grad_out, p.num_src)}
     names = [n for n, t in (("weight", weight), ("x", x)) if t.requires_grad]
     for name, grad in zip(names, grads, strict=True):
         assert_matches(grad, expected[name](), p, f"grad_{name} ({mode})")
@@ -224,10 +210,10 @@ def test_backward_ops_and_sddmm(device, p):
     weight, x, grad_out, gen = values(p, col.numel(), device)
     colptr, row, perm = shuffled_csc(rowptr, col, p.num_src, gen)
     H, D = p.heads, p.channels
-    want_gx = ref_grad_x(rowptr, col, weight, grad_out, p.num_src)
-    want_gw = ref_sddmm(rowptr, col, grad_out, x)
+    want_gx = reference_grad_x(rowptr, col, weight, grad_out, p.num_src)
+    want_gw = reference_sddmm(rowptr, col, grad_out, x)
 
-    poison((p.num_src, H, D), p, device)
+    poison((p.num_src, H, D), p.dtype, device)
     grad_x, grad_weight = ops.multihead_spmm_backward_csc(colptr, row, perm, weight, x, grad_out)
     assert_matches(grad_x, want_gx, p, "backward_csc grad_x")
     assert_matches(grad_weight, want_gw, p, "backward_csc grad_weight")
@@ -238,9 +224,9 @@ def test_backward_ops_and_sddmm(device, p):
     assert_matches(grad_weight, want_gw, p, "backward_csc grad_weight only")
     assert empty.shape == (0, H, D)
 
-    poison((p.num_src, H, D), p, device)
+    poison((p.num_src, H, D), p.dtype, device)
     scattered = ops.multihead_spmm_backward_x_scatter(rowptr, col, weight, grad_out, p.num_src)
     assert_matches(scattered, want_gx, p, "backward_x_scatter")
 
-    poison((col.numel(), H), p, device)
+    poison((col.numel(), H), p.dtype, device)
     assert_matches(ops.multihead_sddmm(rowptr, col, grad_out, x), want_gw, p, "sddmm")

@@ -149,17 +149,15 @@ class GATConv(PyGGATConv):
         finally:
             self.add_self_loops = True
 
+    # Created on first use (not in __init__, which is PyG's) and kept out of
+    # the module's state: see GraphCache.
     @property
-    def _loops_cache(self) -> "GraphCache":
-        if "_loops_cache_" not in self.__dict__:
-            self.__dict__["_loops_cache_"] = GraphCache()
-        return self.__dict__["_loops_cache_"]
+    def _loops_cache(self) -> GraphCache:
+        return self.__dict__.setdefault("_loops_cache_", GraphCache())
 
     @property
-    def _csc_cache(self) -> "GraphCache":
-        if "_csc_cache_" not in self.__dict__:
-            self.__dict__["_csc_cache_"] = GraphCache()
-        return self.__dict__["_csc_cache_"]
+    def _csc_cache(self) -> GraphCache:
+        return self.__dict__.setdefault("_csc_cache_", GraphCache())
 
     def _adds_own_self_loops(self, edge_index: Adj, edge_attr: OptTensor) -> bool:
         # Column-sorted EdgeIndex: PyG's concatenation would lose the sort
