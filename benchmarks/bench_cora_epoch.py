@@ -6,6 +6,7 @@ to PyG's GATConv with a plain edge_index.
     python benchmarks/bench_cora_epoch.py --root DATA [--device cpu] [--rounds 30]
 """
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -20,7 +21,9 @@ from train_cora import GAT, build_adj, load_dataset, paper_settings, synchronize
 
 from pyg_multihead_agg.nn import GATConv  # noqa: E402
 
-KINDS = ["edge_index", "csr", "edge_index_sorted", "sparse_tensor"]
+# "csr_unfused": our layer with fused_attention=False (PyG's softmax and
+# dropout, then our aggregation operator) on the csr adjacency.
+KINDS = ["edge_index", "csr", "edge_index_sorted", "sparse_tensor", "csr_unfused"]
 
 
 def main() -> None:
@@ -38,13 +41,16 @@ def main() -> None:
     variants = {}
     for kind in kinds:
         conv = torch_geometric.nn.GATConv if kind == "edge_index" else GATConv
+        if kind == "csr_unfused":
+            conv = functools.partial(GATConv, fused_attention=False)
         torch.manual_seed(0)
         model = GAT(conv, dataset.num_features, settings["hidden_channels"],
                     dataset.num_classes, settings["heads"], settings["out_heads"],
                     settings["dropout"]).to(device)
         optimizer = torch.optim.Adam(model.parameters(), lr=settings["lr"],
                                      weight_decay=settings["weight_decay"])
-        variants[kind] = (model, optimizer, build_adj(data, kind, device))
+        variants[kind] = (model, optimizer,
+                          build_adj(data, kind.removesuffix("_unfused"), device))
 
     def epoch(kind: str) -> float:
         model, optimizer, adj = variants[kind]
@@ -74,7 +80,8 @@ def main() -> None:
     print("| --adj | layer | median epoch | vs PyG |\n|---|---|---|---|")
     for kind in kinds:
         med = statistics.median(times[kind])
-        layer = "PyG GATConv" if kind == "edge_index" else "pyg_multihead_agg GATConv"
+        layer = ("PyG GATConv" if kind == "edge_index" else "pyg_multihead_agg GATConv"
+                 + (" (fused_attention=False)" if kind.endswith("_unfused") else ""))
         print(f"| {kind} | {layer} | {med:.2f} ms | {base / med:.2f}x |")
 
 

@@ -7,10 +7,13 @@ type sees the same edges and no row pays for self-loop handling per call):
 
 - ``PyG edge_index``: ``torch_geometric.nn.GATConv`` on a plain ``[2, E]``
   ``edge_index``, eager and under ``torch.compile`` (the strongest peer);
-- ``ours <adjacency>``: ``pyg_multihead_agg.nn.GATConv`` on a
-  ``torch.sparse_csr`` ``adj_t``, a column-sorted ``EdgeIndex`` (caches
-  filled) and a ``SparseTensor`` ``adj_t`` (caches filled; if torch_sparse is
-  installed), eager and compiled.
+- ``ours <adjacency>``: ``pyg_multihead_agg.nn.GATConv`` (fused attention:
+  softmax, dropout and aggregation in one op) on a ``torch.sparse_csr``
+  ``adj_t``, a column-sorted ``EdgeIndex`` (caches filled) and a
+  ``SparseTensor`` ``adj_t`` (caches filled; if torch_sparse is installed),
+  eager and compiled;
+- ``ours <adjacency> unfused``: the same layer with ``fused_attention=False``
+  (PyG's softmax and dropout, then the aggregation operator).
 
 A step is ``out = layer(x, adj)`` then ``torch.autograd.grad`` of ``out`` for
 every parameter with a random ``grad_out``. The output and every parameter
@@ -22,6 +25,7 @@ gradient are checked first against PyG's layer in float64, on the edges into
 import copy
 import functools
 import os
+import re
 import statistics
 import sys
 import time
@@ -177,12 +181,19 @@ def variants(g: Graph, pyg: torch.nn.Module, ours: Optional[torch.nn.Module], dt
     if ours is None:
         return out
 
+    unfused = copy.deepcopy(ours)
+    unfused.fused_attention = False
     for adj_name, build in adjacencies(g, dtype):
         get_adj = functools.cache(build)
         out.append((f"ours {adj_name} eager", functools.partial(lambda a: (ours, a()), get_adj)))
         if not args.no_compile:
             out.append((f"ours {adj_name} compiled", functools.partial(
                 lambda a: (torch.compile(ours, dynamic=args.dynamic), a()), get_adj)))
+        out.append((f"ours {adj_name} unfused eager",
+                    functools.partial(lambda a: (unfused, a()), get_adj)))
+    if args.methods:
+        keep = re.compile(args.methods)
+        out = [(name, make) for name, make in out if keep.search(name)]
     return out
 
 
@@ -282,6 +293,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--dynamic", action="store_true",
                         help="torch.compile(dynamic=True): one compile serves every graph "
                         "(faster to run; default: static shapes, compiled per graph)")
+    parser.add_argument("--methods", default=None,
+                        help="regular expression: run only the rows whose method matches "
+                        "(e.g. 'compiled|csr')")
     parser.add_argument("--no-compile", action="store_true",
                         help="eager rows only (skips torch.compile and its warm-up)")
     args, device, shapes, dtypes = common.parse_benchmark_args(parser, argv)

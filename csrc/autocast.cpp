@@ -1,4 +1,4 @@
-// Autocast kernels for multihead_spmm. Under torch.autocast the layer's x
+// Autocast kernels for multihead_spmm and gat_attention. Under torch.autocast the layer's x
 // comes from a Linear (low precision) while the attention weights come from a
 // float32 softmax; without these kernels the op would get mixed dtypes and
 // raise. Both floating inputs are cast to the autocast dtype (the
@@ -11,6 +11,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
+
+#include <tuple>
 
 namespace pyg_multihead_agg {
 namespace {
@@ -42,16 +44,53 @@ at::Tensor multihead_spmm_autocast(const at::Tensor& rowptr, const at::Tensor& c
                              at::autocast::cached_cast(dtype, x, device_type), colptr, row, perm);
 }
 
+// gat_attention: scores, edge scores and features all in the autocast dtype
+// (the kernels accumulate in float32 and return lse in float32).
+std::tuple<at::Tensor, at::Tensor> gat_attention_call(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& s_src,
+    const at::Tensor& s_dst, const opt_tensor& s_edge, const at::Tensor& x, double negative_slope,
+    double dropout_p, const opt_tensor& philox, const opt_tensor& colptr, const opt_tensor& row,
+    const opt_tensor& perm) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("pyg_multihead_agg::gat_attention", "")
+          .typed<std::tuple<at::Tensor, at::Tensor>(
+              const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+              const opt_tensor&, const at::Tensor&, double, double, const opt_tensor&,
+              const opt_tensor&, const opt_tensor&, const opt_tensor&)>();
+  return op.call(rowptr, col, s_src, s_dst, s_edge, x, negative_slope, dropout_p, philox, colptr,
+                 row, perm);
+}
+
+template <c10::DispatchKey autocast_key, c10::DeviceType device_type>
+std::tuple<at::Tensor, at::Tensor> gat_attention_autocast(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& s_src,
+    const at::Tensor& s_dst, const opt_tensor& s_edge, const at::Tensor& x, double negative_slope,
+    double dropout_p, const opt_tensor& philox, const opt_tensor& colptr, const opt_tensor& row,
+    const opt_tensor& perm) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(autocast_key);
+  const auto dtype = at::autocast::get_autocast_dtype(device_type);
+  auto cast = [&](const at::Tensor& t) { return at::autocast::cached_cast(dtype, t, device_type); };
+  opt_tensor edge = s_edge;
+  if (edge.has_value() && edge->defined()) edge = cast(*edge);
+  return gat_attention_call(rowptr, col, cast(s_src), cast(s_dst), edge, cast(x), negative_slope,
+                            dropout_p, philox, colptr, row, perm);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(pyg_multihead_agg, AutocastCPU, m) {
   m.impl("multihead_spmm",
          &multihead_spmm_autocast<c10::DispatchKey::AutocastCPU, c10::DeviceType::CPU>);
+  m.impl("gat_attention",
+         &gat_attention_autocast<c10::DispatchKey::AutocastCPU, c10::DeviceType::CPU>);
 }
 
 TORCH_LIBRARY_IMPL(pyg_multihead_agg, AutocastCUDA, m) {
   m.impl("multihead_spmm",
          &multihead_spmm_autocast<c10::DispatchKey::AutocastCUDA, c10::DeviceType::CUDA>);
+  m.impl("gat_attention",
+         &gat_attention_autocast<c10::DispatchKey::AutocastCUDA, c10::DeviceType::CUDA>);
 }
 
 }  // namespace pyg_multihead_agg

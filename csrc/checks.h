@@ -3,10 +3,12 @@
 // pyg_multihead_agg/ops.py mirror them.
 #pragma once
 
+#include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
 #include <optional>
+#include <utility>
 
 namespace pyg_multihead_agg {
 
@@ -129,6 +131,103 @@ inline void check_sddmm(const at::Tensor& rowptr, const at::Tensor& col, const a
               N_dst, ")");
   TORCH_CHECK(b.size(1) == a.size(1) && b.size(2) == a.size(2),
               "a and b must agree in heads and channels, got ", a.sizes(), " and ", b.sizes());
+}
+
+// gat_attention: returns (N_dst, N_src, E, H, D).
+struct GatShape {
+  int64_t N_dst, N_src, E, H, D;
+};
+
+inline void check_philox(const std::optional<at::Tensor>& philox, double dropout_p) {
+  TORCH_CHECK(dropout_p >= 0.0 && dropout_p <= 1.0,
+              "dropout_p must lie in [0, 1], got ", dropout_p);
+  if (dropout_p > 0.0) {
+    TORCH_CHECK(philox.has_value() && philox->defined(),
+                "philox (an int64 tensor [seed, offset]) is required when dropout_p > 0");
+  }
+  if (philox.has_value() && philox->defined()) {
+    TORCH_CHECK(philox->scalar_type() == at::kLong && philox->numel() == 2 &&
+                    philox->device().is_cpu(),
+                "philox must be a CPU int64 tensor of 2 elements [seed, offset], got ",
+                philox->scalar_type(), " with shape ", philox->sizes(), " on ",
+                philox->device());
+  }
+}
+
+inline GatShape check_gat_attention(const at::Tensor& rowptr, const at::Tensor& col,
+                                    const at::Tensor& s_src, const at::Tensor& s_dst,
+                                    const std::optional<at::Tensor>& s_edge, const at::Tensor& x,
+                                    double dropout_p, const std::optional<at::Tensor>& philox) {
+  GatShape s;
+  s.N_dst = check_compressed(rowptr, "rowptr", col, "col");
+  check_value(x, "x", 3);
+  check_value(s_src, "s_src", 2);
+  check_value(s_dst, "s_dst", 2);
+  check_same_dtype(s_src, "s_src", x, "x");
+  check_same_dtype(s_dst, "s_dst", x, "x");
+  check_same_device(rowptr, "rowptr", x, "x");
+  check_same_device(s_src, "s_src", x, "x");
+  check_same_device(s_dst, "s_dst", x, "x");
+  s.N_src = x.size(0);
+  s.H = x.size(1);
+  s.D = x.size(2);
+  s.E = col.numel();
+  TORCH_CHECK(s_src.size(0) == s.N_src && s_src.size(1) == s.H, "s_src must have shape [",
+              s.N_src, ", ", s.H, "] (x.size(0), heads), got ", s_src.sizes());
+  TORCH_CHECK(s_dst.size(0) == s.N_dst && s_dst.size(1) == s.H, "s_dst must have shape [",
+              s.N_dst, ", ", s.H, "] (rowptr.numel() - 1, heads), got ", s_dst.sizes());
+  if (s_edge.has_value() && s_edge->defined()) {
+    check_value(*s_edge, "s_edge", 2);
+    check_same_dtype(*s_edge, "s_edge", x, "x");
+    check_same_device(*s_edge, "s_edge", x, "x");
+    TORCH_CHECK(s_edge->size(0) == s.E && s_edge->size(1) == s.H, "s_edge must have shape [",
+                s.E, ", ", s.H, "] (col.numel(), heads), got ", s_edge->sizes());
+  }
+  check_philox(philox, dropout_p);
+  return s;
+}
+
+inline GatShape check_gat_attention_backward(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
+    const at::Tensor& row, const at::Tensor& perm, const at::Tensor& s_src,
+    const at::Tensor& s_dst, const std::optional<at::Tensor>& s_edge, const at::Tensor& x,
+    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out,
+    const std::optional<at::Tensor>& grad_lse, double dropout_p,
+    const std::optional<at::Tensor>& philox) {
+  const GatShape s = check_gat_attention(rowptr, col, s_src, s_dst, s_edge, x, dropout_p, philox);
+  const int64_t N_src = check_compressed(colptr, "colptr", row, "row");
+  TORCH_CHECK(N_src == s.N_src, "colptr must have x.size(0) + 1 = ", s.N_src + 1,
+              " entries, got ", colptr.numel());
+  check_index(perm, "perm");
+  check_same_dtype(perm, "perm", row, "row");
+  check_same_dtype(colptr, "colptr", rowptr, "rowptr");
+  check_same_device(colptr, "colptr", x, "x");
+  check_same_device(perm, "perm", x, "x");
+  TORCH_CHECK(row.numel() == s.E && perm.numel() == s.E,
+              "row and perm must have one entry per edge (", s.E, "), got ", row.numel(),
+              " and ", perm.numel());
+  for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{out, "out"},
+                                {grad_out, "grad_out"}}) {
+    check_value(t, name, 3);
+    check_same_dtype(t, name, x, "x");
+    check_same_device(t, name, x, "x");
+    TORCH_CHECK(t.size(0) == s.N_dst && t.size(1) == s.H && t.size(2) == s.D, name,
+                " must have shape [", s.N_dst, ", ", s.H, ", ", s.D, "], got ", t.sizes());
+  }
+  const auto lse_dtype = at::toOpMathType(x.scalar_type());
+  check_defined(lse, "lse");
+  TORCH_CHECK(lse.scalar_type() == lse_dtype && lse.dim() == 2 && lse.size(0) == s.N_dst &&
+                  lse.size(1) == s.H,
+              "lse must be a ", lse_dtype, " tensor of shape [", s.N_dst, ", ", s.H, "], got ",
+              lse.scalar_type(), " ", lse.sizes());
+  check_same_device(lse, "lse", x, "x");
+  if (grad_lse.has_value() && grad_lse->defined()) {
+    TORCH_CHECK(grad_lse->scalar_type() == lse_dtype && grad_lse->sizes() == lse.sizes(),
+                "grad_lse must be a ", lse_dtype, " tensor of shape ", lse.sizes(), ", got ",
+                grad_lse->scalar_type(), " ", grad_lse->sizes());
+    check_same_device(*grad_lse, "grad_lse", x, "x");
+  }
+  return s;
 }
 
 }  // namespace pyg_multihead_agg

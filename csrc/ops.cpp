@@ -36,4 +36,28 @@ TORCH_LIBRARY(pyg_multihead_agg, m) {
       "Tensor weight, Tensor grad_out, SymInt num_src) -> Tensor");
   // SDDMM over the CSR: out[e, h] = <a[row(e), h, :], b[col[e], h, :]>.
   m.def("multihead_sddmm(Tensor rowptr, Tensor col, Tensor a, Tensor b) -> Tensor");
+
+  // Fused GAT attention (docs/fused_attention.md). For destination i, head h
+  // and the edges e of row i (j = col[e]):
+  //   z[e, h]     = s_src[j, h] + s_dst[i, h] (+ s_edge[e, h])
+  //   alpha[e, h] = exp(leaky_relu(z[e, h], negative_slope) - lse[i, h])
+  //   out[i, h]   = sum_e alpha[e, h] * keep(e, h) / (1 - dropout_p) * x[j, h]
+  // lse[i, h] = logsumexp_e leaky_relu(z[e, h]) (-inf for rows without edges),
+  // in float32 (float64 for float64 inputs). keep(e, h) comes from Philox with
+  // philox = int64 tensor [seed, offset] (required when dropout_p > 0).
+  // colptr/row/perm (the CSC) are not read by the forward; they are inputs so
+  // that the autograd formula can use them, as for multihead_spmm.
+  m.def(
+      "gat_attention(Tensor rowptr, Tensor col, Tensor s_src, Tensor s_dst, Tensor? s_edge, "
+      "Tensor x, float negative_slope, float dropout_p, Tensor? philox, Tensor? colptr=None, "
+      "Tensor? row=None, Tensor? perm=None) -> (Tensor, Tensor)");
+  // Its backward from the CSC (colptr, row, perm) of the same graph, with the
+  // attention recomputed from lse. Returns (grad_x, grad_s_src, grad_s_dst,
+  // grad_s_edge); grad_s_edge is empty [0, H] without s_edge. grad_lse, when
+  // given, adds alpha * grad_lse to the gradient of the logits.
+  m.def(
+      "gat_attention_backward(Tensor rowptr, Tensor col, Tensor colptr, Tensor row, Tensor perm, "
+      "Tensor s_src, Tensor s_dst, Tensor? s_edge, Tensor x, Tensor out, Tensor lse, "
+      "Tensor grad_out, Tensor? grad_lse, float negative_slope, float dropout_p, "
+      "Tensor? philox) -> (Tensor, Tensor, Tensor, Tensor)");
 }

@@ -2,7 +2,7 @@
 
 The schemas live in csrc/ops.cpp, the kernels in csrc/cpu and csrc/cuda.
 """
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -187,10 +187,159 @@ def _no_double_backward_context(ctx, inputs, output):
 
 def _no_double_backward(ctx, *grads):
     raise RuntimeError("pyg_multihead_agg: double backward (gradients of gradients, "
-                       "create_graph=True) of multihead_spmm is not supported")
+                       "create_graph=True) of the pyg_multihead_agg operators is not supported")
 
 
 for _name in ("multihead_spmm_backward_csc", "multihead_spmm_backward_x_scatter",
               "multihead_sddmm"):
     torch.library.register_autograd(f"pyg_multihead_agg::{_name}", _no_double_backward,
                                     setup_context=_no_double_backward_context)
+
+
+# ---------------------------------------------------------------------------
+# Fused GAT attention (docs/fused_attention.md)
+# ---------------------------------------------------------------------------
+
+def new_philox(generator: Optional[torch.Generator] = None) -> Tensor:
+    r"""A fresh dropout key for :func:`gat_attention`: a CPU int64 tensor
+    :obj:`[seed, 0]` whose seed is drawn from :obj:`generator` (default:
+    torch's global CPU generator, so :func:`torch.manual_seed` makes the
+    masks reproducible). No device sync; traceable by :func:`torch.compile`.
+    """
+    seed = torch.randint(0, 2**62, (1,), dtype=torch.int64, generator=generator)
+    return torch.cat([seed, seed.new_zeros(1)])
+
+
+def gat_attention(rowptr: Tensor, col: Tensor, s_src: Tensor, s_dst: Tensor, x: Tensor, *,
+                  s_edge: Optional[Tensor] = None, negative_slope: float = 0.2,
+                  dropout: float = 0.0, philox: Optional[Tensor] = None,
+                  generator: Optional[torch.Generator] = None, csc: Optional[CSC] = None,
+                  validate: bool = False) -> Tuple[Tensor, Tensor]:
+    r"""Fused GAT attention: edge softmax, attention dropout and aggregation
+    in one pass over a CSR graph, without materialising the :obj:`E x H`
+    attention matrix:
+
+    .. math::
+        \alpha_{e,h} = \mathrm{softmax}_{e \in \mathrm{row}\ i}\big(
+        \mathrm{LeakyReLU}(s^{src}_{j,h} + s^{dst}_{i,h} + s^{edge}_{e,h})\big),
+        \qquad
+        \mathbf{out}_{i,h} = \sum_{e} \alpha_{e,h} \, m_{e,h} \, \mathbf{x}_{j,h}
+
+    with :obj:`j = col[e]` and the dropout mask :math:`m` (kept with
+    probability :obj:`1 - dropout`, scaled by :obj:`1 / (1 - dropout)`),
+    regenerated in the backward from a Philox key instead of stored.
+
+    Args:
+        rowptr, col (torch.Tensor): the CSR over destinations (int32/int64).
+        s_src (torch.Tensor): :obj:`[N_src, H]` source scores
+            (:obj:`(x_j * att_src).sum(-1)` in a GAT layer).
+        s_dst (torch.Tensor): :obj:`[N_dst, H]` destination scores.
+        x (torch.Tensor): :obj:`[N_src, H, D]` source features; float16,
+            bfloat16, float32 or float64 (scores in the same dtype).
+        s_edge (torch.Tensor, optional): :obj:`[E, H]` edge scores in CSR
+            order.
+        negative_slope (float): of the LeakyReLU.
+        dropout (float): attention dropout probability (pass 0 in eval).
+        philox (torch.Tensor, optional): CPU int64 :obj:`[seed, offset]`;
+            drawn with :func:`new_philox` from :obj:`generator` when
+            :obj:`dropout > 0` and not given.
+        csc ((torch.Tensor, torch.Tensor, torch.Tensor), optional): the CSC
+            :obj:`(colptr, row, perm)` of the graph for the backward; built
+            by :func:`~pyg_multihead_agg.csr_to_csc` when needed otherwise.
+        validate (bool): check the graph first (:class:`ValueError`).
+
+    Returns:
+        :obj:`(out [N_dst, H, D], lse [N_dst, H])`; :obj:`lse` is the
+        log-sum-exp of each row's logits in float32 (float64 for float64
+        inputs), :obj:`-inf` for rows without edges. Both are
+        differentiable.
+    """
+    if validate:
+        check_csr(rowptr, col, x.size(0))
+        if csc is not None:
+            check_csc(csc, rowptr, col, x.size(0))
+    if dropout > 0 and philox is None:
+        philox = new_philox(generator)
+    colptr, row, perm = (None, None, None) if csc is None else csc
+    return _ops.gat_attention(rowptr, col, s_src, s_dst, s_edge, x, float(negative_slope),
+                              float(dropout), philox, colptr, row, perm)
+
+
+def _check_gat(rowptr, col, s_src, s_dst, s_edge, x, dropout_p, philox):
+    _check_compressed(rowptr, "rowptr", col, "col")
+    _check_value(x, "x", 3)
+    for t, name in ((s_src, "s_src"), (s_dst, "s_dst")):
+        _check_value(t, name, 2)
+        _check_same(t, name, x, "x")
+    _check_same(rowptr, "rowptr", x, "x", dtype=False)
+    num_dst, (num_src, heads) = rowptr.size(0) - 1, x.shape[:2]
+    torch._check(s_src.size(0) == num_src and s_src.size(1) == heads,
+                 lambda: f"s_src must have shape [{num_src}, {heads}] (x.size(0), heads)")
+    torch._check(s_dst.size(0) == num_dst and s_dst.size(1) == heads,
+                 lambda: f"s_dst must have shape [{num_dst}, {heads}] (rowptr.numel() - 1, heads)")
+    if s_edge is not None:
+        _check_value(s_edge, "s_edge", 2)
+        _check_same(s_edge, "s_edge", x, "x")
+        torch._check(s_edge.size(0) == col.size(0) and s_edge.size(1) == heads,
+                     lambda: f"s_edge must have shape [{col.size(0)}, {heads}] (col.numel(), "
+                     "heads)")
+    torch._check(0.0 <= dropout_p <= 1.0, lambda: f"dropout_p must lie in [0, 1], got {dropout_p}")
+    if dropout_p > 0:
+        torch._check(philox is not None, lambda: "philox (an int64 tensor [seed, offset]) is "
+                     "required when dropout_p > 0")
+
+
+def _lse_dtype(x: Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+@torch.library.register_fake("pyg_multihead_agg::gat_attention")
+def _(rowptr, col, s_src, s_dst, s_edge, x, negative_slope, dropout_p, philox, colptr=None,
+      row=None, perm=None):
+    _check_gat(rowptr, col, s_src, s_dst, s_edge, x, dropout_p, philox)
+    num_dst = rowptr.size(0) - 1
+    out = x.new_empty(num_dst, x.size(1), x.size(2))
+    lse = x.new_empty(num_dst, x.size(1), dtype=_lse_dtype(x))
+    return out, lse
+
+
+@torch.library.register_fake("pyg_multihead_agg::gat_attention_backward")
+def _(rowptr, col, colptr, row, perm, s_src, s_dst, s_edge, x, out, lse, grad_out, grad_lse,
+      negative_slope, dropout_p, philox):
+    _check_gat(rowptr, col, s_src, s_dst, s_edge, x, dropout_p, philox)
+    _check_compressed(colptr, "colptr", row, "row")
+    _check_index(perm, "perm")
+    torch._check(grad_out.shape == out.shape, lambda: "grad_out must have the shape of out")
+    num_edges = col.size(0) if s_edge is not None else 0
+    return (torch.empty_like(x), torch.empty_like(s_src), torch.empty_like(s_dst),
+            x.new_empty(num_edges, x.size(1)))
+
+
+def _gat_setup_context(ctx, inputs, output):
+    (rowptr, col, s_src, s_dst, s_edge, x, negative_slope, dropout_p, philox, colptr, row,
+     perm) = inputs
+    out, lse = output
+    ctx.negative_slope, ctx.dropout_p = negative_slope, dropout_p
+    ctx.num_src = x.size(0)
+    ctx.save_for_backward(rowptr, col, s_src, s_dst, s_edge, x, philox, colptr, row, perm,
+                          out, lse)
+
+
+def _gat_backward(ctx, grad_out, grad_lse):
+    (rowptr, col, s_src, s_dst, s_edge, x, philox, colptr, row, perm, out,
+     lse) = ctx.saved_tensors
+    if colptr is None:
+        colptr, row, perm = csr_to_csc(rowptr, col, ctx.num_src)
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    grad_x, grad_src, grad_dst, grad_edge = _ops.gat_attention_backward(
+        rowptr, col, colptr, row, perm, s_src, s_dst, s_edge, x, out, lse,
+        grad_out.contiguous(), grad_lse, ctx.negative_slope, ctx.dropout_p, philox)
+    return (None, None, grad_src, grad_dst, grad_edge if s_edge is not None else None, grad_x,
+            None, None, None, None, None, None)
+
+
+torch.library.register_autograd("pyg_multihead_agg::gat_attention", _gat_backward,
+                                setup_context=_gat_setup_context)
+torch.library.register_autograd("pyg_multihead_agg::gat_attention_backward", _no_double_backward,
+                                setup_context=_no_double_backward_context)

@@ -3,11 +3,16 @@
 # operator and layer benchmarks and the Cora example, with a time limit per
 # step. Logs go straight to $OUT (device tool; ./gpu_out elsewhere) so that a
 # call cut short still returns what finished:
-#   $OUT/tests.log  $OUT/run.log  $OUT/results.tar (benchmark JSON/MD/PNG)
-#   scripts/gpu_check.sh [tests|bench|all] [pytest args; default: tests -m "not slow"]
-#   (env: STEP_LIMIT_* seconds per step, OPS_ARGS / LAYER_ARGS, CORA_RUNS)
+#   $OUT/tests.log  $OUT/run.log  $OUT/results.tar (benchmark JSON/MD/PNG, logs)
+#   scripts/gpu_check.sh STEPS [pytest args; default: tests -m "not slow"]
+# STEPS: a comma-separated list of tests, ops, cora, layer, sanitize, or
+# "bench" (= ops,cora,layer) or "all" (= tests,ops,cora,layer).
+#   (env: STEP_LIMIT_* seconds per step, OPS_ARGS / LAYER_ARGS, CORA_RUNS,
+#    SANITIZE_TOOLS)
 set -uo pipefail
 MODE="${1:-all}"; shift || true
+case "$MODE" in all) MODE=tests,ops,cora,layer;; bench) MODE=ops,cora,layer;; esac
+has() { [[ ",$MODE," == *",$1,"* ]]; }
 if [ $# -eq 0 ]; then set -- tests -m "not slow"; fi
 OUT="${OUT:-$PWD/gpu_out}"; RES="$(mktemp -d)/results"; mkdir -p "$OUT" "$RES"
 export PYTHONUNBUFFERED=1 MAX_JOBS="${MAX_JOBS:-16}" TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
@@ -28,28 +33,41 @@ python3 -m pip install --no-build-isolation --no-deps -v -e . > "$RES/build.log"
   || { tail -60 "$RES/build.log" | tee -a "$LOG"; pack; exit 1; }
 grep -E "registers|spill" "$RES/build.log" | sort | uniq -c | sort -rn | head -5 >> "$LOG"
 rc=0
-if [ "$MODE" = tests ] || [ "$MODE" = all ]; then
+if has tests; then
   step tests
   timeout "${STEP_LIMIT_TESTS:-240}" python3 -m pytest "$@" \
     -q -rs -p no:cacheprovider --timeout 120 > "$OUT/tests.log" 2>&1 || rc=$?
   tail -15 "$OUT/tests.log" | tee -a "$LOG"
 fi
-if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
+if has ops; then
   step bench_ops
   timeout "${STEP_LIMIT_OPS:-150}" python3 benchmarks/bench_ops.py --device cuda --out "$RES" \
     ${OPS_ARGS:-} >> "$LOG" 2>&1 || rc=$?
   pack
+fi
+if has cora; then
   step cora
   DATA=$(mktemp -d); cp -r "$PYG_MULTIHEAD_AGG_DATA/Cora" "$DATA/"
-  for adj in csr edge_index_sorted edge_index; do
-    timeout "${STEP_LIMIT_CORA:-40}" python3 examples/train_cora.py --device cuda --adj $adj \
-      --runs "${CORA_RUNS:-3}" --quiet --root "$DATA" --json "$RES/cora_cuda_$adj.json" \
+  timeout "${STEP_LIMIT_CORA:-60}" python3 benchmarks/bench_cora_epoch.py --device cuda \
+    --root "$DATA" --rounds 20 > "$RES/cora_epoch_cuda.md" 2>&1 || rc=$?
+  cat "$RES/cora_epoch_cuda.md" | grep "|" >> "$LOG"
+  for adj in ${CORA_ADJS:-}; do
+    timeout "${STEP_LIMIT_CORA:-60}" python3 examples/train_cora.py --device cuda --adj $adj \
+      --runs "${CORA_RUNS:-10}" --quiet --root "$DATA" --json "$RES/cora_cuda_$adj.json" \
       >> "$LOG" 2>&1 || rc=$?
   done
   pack
+fi
+if has layer; then
   step bench_layer
   timeout "${STEP_LIMIT_LAYER:-150}" python3 benchmarks/bench_layer.py --device cuda --out "$RES" \
     ${LAYER_ARGS:-} >> "$LOG" 2>&1 || rc=$?
+  pack
+fi
+if has sanitize; then
+  step sanitize
+  SANITIZE_BUILD=0 bash scripts/sanitize.sh "$RES/sanitize_summary.md" ${SANITIZE_TOOLS:-} \
+    >> "$LOG" 2>&1 || rc=$?
   pack
 fi
 exit $rc

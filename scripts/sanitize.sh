@@ -65,6 +65,18 @@ HUB=(
   "$K::test_power_law_with_hub[3-33-dtype1-index_dtype1]"
   "$K::test_power_law_with_hub[8-128-dtype0-index_dtype0]"
 )
+# The fused attention kernels: a head of 33 channels (scalar path), a hub row
+# (block-wide forward), every source a long CSC column (block-wide backward),
+# with edge scores and dropout.
+G=tests/test_gat_attention.py
+GAT=(
+  "$G::test_forward_matches_reference[25x25-E60-H2-D33-float32-int32-s_edge-p0.5-cuda]"
+  "$G::test_forward_matches_reference[8x50-E400-H8-D64-hub-bfloat16-int32-s_edge-p0.5-cuda]"
+  "$G::test_forward_matches_reference[60x6-E800-H3-D16-float32-int32-s_edge-p0.5-cuda]"
+  "$G::test_backward_matches_reference[25x25-E60-H2-D33-float32-int32-no_csc-s_edge-p0.5-cuda]"
+  "$G::test_backward_matches_reference[8x50-E400-H8-D64-hub-float32-int32-no_csc-s_edge-p0.5-cuda]"
+  "$G::test_backward_matches_reference[60x6-E800-H3-D16-float32-int32-no_csc-s_edge-p0.5-cuda]"
+)
 # The device=cuda cases of the malformed-input catalogue and the properties
 # (with HYPOTHESIS_PROFILE=sanitize: a few examples each); `-k cuda` keeps
 # every test_cuda_kernels.py test too, through its module name.
@@ -81,11 +93,12 @@ OURS=(--kernel-name kns=pyg_multihead_agg)
 
 selection() {
   case "$1" in
-    memcheck) echo "${SMALL[@]}" "${HUB[@]}" "${MALFORMED[@]}";;
+    memcheck) echo "${SMALL[@]}" "${HUB[@]}" "${GAT[@]}" "${MALFORMED[@]}";;
     memcheck_large) echo "tests/test_large_index.py::test_many_source_rows[4-64-index_dtype0]";;
-    racecheck) echo "${HUB[@]}" "${SMALL[0]}" "${SMALL[2]}";;
-    initcheck) echo "${SMALL[@]:0:3}" "${HUB[0]}" "$K::test_malformed_graphs_do_not_fault";;
-    synccheck) echo "${SMALL[@]:0:3}" "${HUB[@]}";;
+    racecheck) echo "${HUB[@]}" "${SMALL[0]}" "${SMALL[2]}" "${GAT[@]:1:2}" "${GAT[@]:4:2}";;
+    initcheck) echo "${SMALL[@]:0:3}" "${HUB[0]}" "$K::test_malformed_graphs_do_not_fault" \
+      "${GAT[@]}";;
+    synccheck) echo "${SMALL[@]:0:3}" "${HUB[@]}" "${GAT[@]}";;
   esac
 }
 

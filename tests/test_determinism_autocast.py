@@ -14,7 +14,7 @@ import torch
 import torch_geometric.nn
 from conftest import DEVICES, TOLERANCE, random_csr, reference_spmm, rel_error
 from test_gat_conv import CASES as LAYER_CASES
-from test_gat_conv import KINDS, OP, make_adj, make_graph, op_events
+from test_gat_conv import FUSED_OP, KINDS, make_adj, make_graph, op_events
 
 import pyg_multihead_agg as pma
 from pyg_multihead_agg.nn import GATConv
@@ -125,7 +125,7 @@ def test_layer_under_autocast(kind, bias, device, dtype):
     assert out.dtype == (torch.float32 if bias or kind == "edge_index" else dtype)
     assert rel_error(out, want) <= 5e-2
     assert x.grad is not None and torch.isfinite(x.grad).all()
-    assert (OP in events) == (kind != "edge_index")
+    assert (FUSED_OP in events) == (kind != "edge_index")
 
 
 # ---------------------------------------------------------------------------

@@ -27,6 +27,7 @@ KINDS = [
 FUSED_KINDS = KINDS[1:]
 TOL = {torch.float32: 1e-5, torch.float64: 1e-12, torch.bfloat16: 5e-2}
 OP = "pyg_multihead_agg::multihead_spmm"
+FUSED_OP = "pyg_multihead_agg::gat_attention"
 
 
 class Case(NamedTuple):
@@ -135,9 +136,10 @@ def run(layer, case, kind, adj, x_src, x_dst, edge_attr, grad_seed=0):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("fused", [True, False], ids=["fused_attention", "spmm"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-def test_matches_pyg(case, kind, dtype, device):
+def test_matches_pyg(case, kind, fused, dtype, device):
     seed = 1 + CASES.index(case)
     if pyg_unsupported(case, kind):
         # PyG refuses edge_attr with self-loops for sparse adjacencies; so do
@@ -154,6 +156,7 @@ def test_matches_pyg(case, kind, dtype, device):
                              edge_attr)
 
     ours = ours.to(device, dtype)
+    ours.fused_attention = fused
     adj = make_adj(kind, edge_index.to(device), case.num_src, case.num_dst)
     to = dict(device=device, dtype=dtype)
     out, grads = run(ours, case, kind, adj, x_src.to(**to), x_dst.to(**to),
@@ -200,19 +203,45 @@ def op_events(fn):
     return {e.name for e in prof.events() if e.name.startswith("pyg_multihead_agg::")}
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused_attention", "spmm"])
 @pytest.mark.parametrize("add_self_loops", [False, True])
 @pytest.mark.parametrize("kind", KINDS)
-def test_fused_operator_runs(kind, add_self_loops):
+def test_fused_operator_runs(kind, add_self_loops, fused):
     case = CASES[0]._replace(kwargs=dict(heads=3, add_self_loops=add_self_loops))
     edge_index, x_src, x_dst, _ = make_graph(case, 5)
     _, ours = make_layers(case, 5)
+    ours.fused_attention = fused
     adj = make_adj(kind, edge_index, case.num_src, case.num_dst)
     events = op_events(lambda: run(ours, case, kind, adj, x_src.float(), x_dst.float(), None))
     if kind == "edge_index":
         assert events == set()
+    elif fused:
+        # Softmax + aggregation in one op; backward over the cached CSC.
+        assert events == {FUSED_OP, "pyg_multihead_agg::gat_attention_backward"}
     else:
         # Forward on the CSR, backward as a gather over the cached CSC.
         assert events == {OP, "pyg_multihead_agg::multihead_spmm_backward_csc"}
+
+
+def test_fused_attention_is_a_constructor_argument():
+    assert GATConv(4, 2).fused_attention is True
+    assert GATConv(4, 2, heads=2, fused_attention=False).fused_attention is False
+
+
+@pytest.mark.parametrize("kind", ["edge_index_sorted", "torch_csr"])
+def test_hooks_and_explain_take_pyg_path(kind):
+    # PyG's hooks must see PyG's calls: with a hook the fused op stays out.
+    case = CASES[0]
+    edge_index, x_src, x_dst, _ = make_graph(case, 25)
+    _, ours = make_layers(case, 25)
+    adj = make_adj(kind, edge_index, case.num_src, case.num_dst)
+    seen = []
+    handle = ours.register_propagate_forward_hook(lambda *args: seen.append(1))
+    events = op_events(lambda: run(ours, case, kind, adj, x_src.float(), x_dst.float(), None))
+    handle.remove()
+    assert seen and FUSED_OP not in events and OP in events
+    events = op_events(lambda: run(ours, case, kind, adj, x_src.float(), x_dst.float(), None))
+    assert FUSED_OP in events
 
 
 @pytest.mark.parametrize("kind", FUSED_KINDS)
@@ -251,10 +280,11 @@ def test_attention_weights(case, kind):
 
 
 @pytest.mark.parametrize("kind", FUSED_KINDS)
-def test_dropout_in_training(kind):
+def test_dropout_in_training_unfused_matches_pyg(kind):
     case = CASES[0]._replace(kwargs=dict(heads=3, dropout=0.5, add_self_loops=False))
     edge_index, x_src, _, _ = make_graph(case, 7)
     ref, ours = make_layers(case, 7)
+    ours.fused_attention = False
     adj = make_adj(kind, edge_index, case.num_src, case.num_dst)
     ours.eval()
     eval_out = ours(x_src.float(), adj)
@@ -267,6 +297,55 @@ def test_dropout_in_training(kind):
     pyg_out = ref(x_src.float(), adj)
     assert rel_error(out, pyg_out) <= 1e-5
     assert rel_error(out, eval_out) > 1e-2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", FUSED_KINDS)
+def test_dropout_in_training_fused(kind, device):
+    # The fused op draws its mask from Philox, keyed by torch's RNG: seeded
+    # runs repeat, the mask changes the output, and the gradient is that of
+    # the same masked function (checked by gradcheck in float64).
+    case = CASES[0]._replace(kwargs=dict(heads=3, dropout=0.5, add_self_loops=False))
+    edge_index, x_src, _, _ = make_graph(case, 7)
+    _, ours = make_layers(case, 7)
+    ours = ours.double().to(device)
+    adj = make_adj(kind, edge_index.to(device), case.num_src, case.num_dst)
+    x = x_src.to(device)
+    ours.eval()
+    eval_out = ours(x, adj)
+    ours.train()
+
+    def seeded(inp):
+        torch.manual_seed(11)
+        return ours(inp, adj)
+
+    events = op_events(lambda: seeded(x))
+    assert FUSED_OP in events
+    out = seeded(x)
+    torch.testing.assert_close(seeded(x), out, rtol=0, atol=0)
+    assert rel_error(out, eval_out) > 1e-2
+    torch.manual_seed(12)
+    assert rel_error(ours(x, adj), out) > 1e-2
+    assert torch.autograd.gradcheck(seeded, (x.clone().requires_grad_(),), eps=1e-6,
+                                    atol=1e-6, nondet_tol=0.0)
+
+
+@pytest.mark.parametrize("kind", FUSED_KINDS)
+def test_attention_weights_with_dropout_in_training(kind):
+    # Attention after dropout is PyG's path (the fused op keeps no mask).
+    case = CASES[0]._replace(kwargs=dict(heads=3, dropout=0.5, add_self_loops=False))
+    edge_index, x_src, _, _ = make_graph(case, 8)
+    ref, ours = make_layers(case, 8)
+    adj = make_adj(kind, edge_index, case.num_src, case.num_dst)
+    torch.manual_seed(3)
+    out, att = ours(x_src.float(), adj, return_attention_weights=True)
+    torch.manual_seed(3)
+    ref_out, ref_att = ref(x_src.float(), adj, return_attention_weights=True)
+
+    def values(a):
+        return a.storage.value() if isinstance(a, SparseTensor) else a[1]
+    assert rel_error(out, ref_out) <= 1e-5
+    assert rel_error(values(att), values(ref_att)) <= 1e-5
 
 
 def test_sparse_tensor_edge_attr_with_self_loops_raises_like_pyg():
@@ -338,7 +417,7 @@ def compile_case(kind, add_self_loops, backend, fullgraph):
     compiled = torch.compile(ours, backend=backend, fullgraph=fullgraph)
     events = op_events(lambda: run(compiled, case, kind, adj, x, x_dst.float(), None))
     out, grads = run(compiled, case, kind, adj, x, x_dst.float(), None)
-    assert OP in events
+    assert FUSED_OP in events
     assert rel_error(out, eager_out) <= 1e-5
     for name, grad in eager_grads.items():
         assert rel_error(grads[name], grad) <= 1e-5, name

@@ -39,206 +39,11 @@
 #include <cstdint>
 
 #include "../checks.h"
+#include "common.cuh"
 #include "dispatch.cuh"
 
 namespace pyg_multihead_agg {
 namespace {
-
-constexpr int kThreads = 256;       // threads per block, every kernel
-constexpr int kLoadsInFlight = 8;   // 16-byte gathers per lane per unrolled step
-constexpr int kMaxVPL = 4;          // vectors per lane before chunking the row
-// Kernels declare __launch_bounds__(kThreads, 1): without the minimum, ptxas
-// (CUDA 13) caps registers at occupancy steps (64, 80, 128) and spills a few
-// bytes in the hot loop; with it, no kernel spills.
-
-// ---------------------------------------------------------------------------
-// Device helpers
-// ---------------------------------------------------------------------------
-
-template <int kBytes>
-struct RawType;
-template <>
-struct RawType<16> { using type = uint4; };
-template <>
-struct RawType<8> { using type = uint2; };
-template <>
-struct RawType<4> { using type = unsigned int; };
-template <>
-struct RawType<2> { using type = unsigned short; };
-
-template <typename scalar_t, int V>
-struct alignas(sizeof(scalar_t) * V) Vec {
-  scalar_t val[V];
-};
-
-// One V-element vector through the read-only path (ld.global.nc).
-template <typename scalar_t, int V>
-__device__ __forceinline__ Vec<scalar_t, V> load_vec(const scalar_t* p) {
-  using raw_t = typename RawType<sizeof(scalar_t) * V>::type;
-  Vec<scalar_t, V> v;
-  *reinterpret_cast<raw_t*>(&v) = __ldg(reinterpret_cast<const raw_t*>(p));
-  return v;
-}
-
-template <typename scalar_t, int V>
-__device__ __forceinline__ Vec<scalar_t, V> zero_vec() {
-  using raw_t = typename RawType<sizeof(scalar_t) * V>::type;
-  Vec<scalar_t, V> v;
-  *reinterpret_cast<raw_t*>(&v) = raw_t{};
-  return v;
-}
-
-template <typename scalar_t>
-__device__ __forceinline__ at::opmath_type<scalar_t> load_value(const scalar_t* p) {
-  return static_cast<at::opmath_type<scalar_t>>(load_vec<scalar_t, 1>(p).val[0]);
-}
-
-template <typename scalar_t, int V, typename acc_t>
-__device__ __forceinline__ void store_vec(scalar_t* p, const acc_t (&a)[V]) {
-  Vec<scalar_t, V> v;
-#pragma unroll
-  for (int i = 0; i < V; ++i) v.val[i] = static_cast<scalar_t>(a[i]);
-  *reinterpret_cast<Vec<scalar_t, V>*>(p) = v;
-}
-
-template <typename index_t>
-__device__ __forceinline__ int64_t load_index(const index_t* p) {
-  return static_cast<int64_t>(__ldg(p));
-}
-
-// [lo, hi) of compressed row r, clamped to [0, num_edges] and empty when the
-// pointer decreases: malformed pointers cannot send a kernel out of bounds.
-template <typename index_t>
-__device__ __forceinline__ void row_range(const index_t* ptr, int64_t r, int64_t num_edges,
-                                          int64_t& lo, int64_t& hi) {
-  const int64_t a = load_index(ptr + r), b = load_index(ptr + r + 1);
-  lo = a < 0 ? 0 : (a > num_edges ? num_edges : a);
-  hi = b < lo ? lo : (b > num_edges ? num_edges : b);
-}
-
-__device__ __forceinline__ bool in_range(int64_t v, int64_t bound) {
-  return static_cast<uint64_t>(v) < static_cast<uint64_t>(bound);
-}
-
-// Mask of the G lanes of this thread's group, for the shuffles of one group
-// while other groups of the warp run other rows.
-__device__ __forceinline__ unsigned group_mask(int G) {
-  if (G == 32) return 0xffffffffu;
-  const int lane = threadIdx.x & 31;
-  return ((1u << G) - 1u) << (lane & ~(G - 1));
-}
-
-// Which vectors of a row this lane owns in one feature chunk (see the top).
-template <int VPL>
-struct LaneMap {
-  int feat[VPL];   // first feature of the vector within the row
-  int head[VPL];   // its head (>= H for the padding vectors of the last chunk)
-  bool valid[VPL];
-};
-
-template <int V, int VPL>
-__device__ __forceinline__ LaneMap<VPL> lane_map(int chunk, int lane, int G, int D, int HD) {
-  LaneMap<VPL> m;
-#pragma unroll
-  for (int k = 0; k < VPL; ++k) {
-    const int v = chunk * G * VPL + lane + G * k;
-    m.feat[k] = v * V;
-    m.head[k] = v * V / D;
-    m.valid[k] = v * V < HD;
-  }
-  return m;
-}
-
-// ---------------------------------------------------------------------------
-// Work list: long rows first (block-wide), then tiles of short rows
-// ---------------------------------------------------------------------------
-
-struct WorkList {
-  const int64_t* long_rows;      // filled by find_long_rows_kernel
-  unsigned long long* counters;  // [0]: number of long rows, [1]: next work item
-  int64_t num_tiles;             // ceil(num_rows / groups per block)
-  int64_t long_threshold;        // rows with more edges than this are long
-};
-
-template <typename index_t>
-__global__ void __launch_bounds__(kThreads, 1)
-    find_long_rows_kernel(const index_t* __restrict__ ptr, int64_t num_rows, int64_t num_edges,
-                          WorkList wl, int64_t* __restrict__ long_rows) {
-  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < num_rows;
-       r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    int64_t lo, hi;
-    row_range(ptr, r, num_edges, lo, hi);
-    // The list order varies from run to run, the per-row results do not.
-    if (hi - lo > wl.long_threshold) long_rows[atomicAdd(&wl.counters[0], 1ull)] = r;
-  }
-}
-
-// Runs `long_fn(r, lo, hi)` with the whole block for each long row and
-// `short_fn(r, lo, hi)` with one group per short row. Both are called by every
-// thread of the block (long) or of the group (short), so the functions may
-// synchronise the block or shuffle within the group.
-template <typename index_t, typename ShortFn, typename LongFn>
-__device__ __forceinline__ void for_each_work_item(const index_t* ptr, int64_t num_rows,
-                                                   int64_t num_edges, const WorkList& wl, int G,
-                                                   ShortFn&& short_fn, LongFn&& long_fn) {
-  __shared__ unsigned long long s_item;
-  const int64_t num_long = static_cast<int64_t>(wl.counters[0]);
-  const int groups = kThreads / G, group = threadIdx.x / G;
-  for (;;) {
-    if (threadIdx.x == 0) s_item = atomicAdd(&wl.counters[1], 1ull);
-    __syncthreads();
-    const int64_t item = static_cast<int64_t>(s_item);
-    __syncthreads();
-    if (item < num_long) {
-      const int64_t r = wl.long_rows[item];
-      int64_t lo, hi;
-      row_range(ptr, r, num_edges, lo, hi);
-      long_fn(r, lo, hi);
-    } else {
-      const int64_t tile = item - num_long;
-      if (tile >= wl.num_tiles) break;
-      const int64_t r = tile * groups + group;
-      if (r < num_rows) {
-        int64_t lo, hi;
-        row_range(ptr, r, num_edges, lo, hi);
-        if (hi - lo <= wl.long_threshold) short_fn(r, lo, hi);
-      }
-    }
-  }
-}
-
-// The contiguous slice of [lo, hi) that group `group` of `groups` (a power of
-// two: a shift, not a 64-bit division, which would be a subroutine call) takes
-// in a long row.
-__device__ __forceinline__ void group_slice(int64_t lo, int64_t hi, int group, int groups,
-                                            int64_t& slo, int64_t& shi) {
-  const int64_t len = (hi - lo + groups - 1) >> (__ffs(groups) - 1);
-  slo = min(hi, lo + group * len);
-  shi = min(hi, slo + len);
-}
-
-// Sums the groups' partial rows of one feature chunk in group order (fixed, so
-// deterministic) and writes them. red holds kThreads * VPL * V values: group g's
-// value of feature chunk_feat + q at red[g * G * VPL * V + q].
-template <typename scalar_t, typename acc_t, int V, int VPL>
-__device__ __forceinline__ void block_reduce_store(acc_t* red, const acc_t (&acc)[VPL][V], int G,
-                                                   int lane, int chunk_feat, int HD,
-                                                   scalar_t* __restrict__ out_row) {
-  const int cwe = G * VPL * V, groups = kThreads / G, group = threadIdx.x / G;
-#pragma unroll
-  for (int k = 0; k < VPL; ++k)
-#pragma unroll
-    for (int v = 0; v < V; ++v) red[group * cwe + (k * G + lane) * V + v] = acc[k][v];
-  __syncthreads();
-  for (int q = threadIdx.x; q < cwe; q += kThreads) {
-    if (chunk_feat + q < HD) {
-      acc_t s = 0;
-      for (int g = 0; g < groups; ++g) s += red[g * cwe + q];
-      out_row[chunk_feat + q] = static_cast<scalar_t>(s);
-    }
-  }
-  __syncthreads();
-}
 
 // ---------------------------------------------------------------------------
 // Gather: out[r] = sum_{e in row r} weight[wperm ? wperm[e] : e] * x[idx[e]]
@@ -310,14 +115,14 @@ __device__ __forceinline__ void gather_entries(at::opmath_type<scalar_t> (&acc)[
 }
 
 template <typename scalar_t, typename index_t, int V, int VPL>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
     gather_kernel(const GatherParams<scalar_t, index_t> p, const WorkList wl) {
   using acc_t = at::opmath_type<scalar_t>;
   __shared__ acc_t red[kThreads * VPL * V];
   const int G = p.G, lane = threadIdx.x & (G - 1);
   const int group = threadIdx.x / G, groups = kThreads / G;
 
-  auto short_row = [&](int64_t r, int64_t lo, int64_t hi) {
+  auto short_row = [&](int64_t, int64_t r, int64_t lo, int64_t hi) {
     for (int chunk = 0; chunk < p.num_chunks; ++chunk) {
       const auto m = lane_map<V, VPL>(chunk, lane, G, p.D, p.HD);
       acc_t acc[VPL][V];
@@ -338,7 +143,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                   p.out + r * p.HD);
     }
   };
-  for_each_work_item(p.ptr, p.num_rows, p.num_edges, wl, G, short_row, long_row);
+  for_each_work_item(p.ptr, p.num_edges, wl, G, 1, short_row, long_row);
 }
 
 // ---------------------------------------------------------------------------
@@ -445,7 +250,7 @@ __device__ __forceinline__ void dot_entries(at::opmath_type<scalar_t> (&acc)[VPL
 }
 
 template <typename scalar_t, typename index_t, int V, int VPL>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, 1)  // 2 would spill for half types
     dot_gather_kernel(const DotParams<scalar_t, index_t> p, const WorkList wl) {
   using acc_t = at::opmath_type<scalar_t>;
   __shared__ acc_t red[kThreads * VPL * V];
@@ -453,7 +258,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int group = threadIdx.x / G, groups = kThreads / G;
   const bool with_weight = p.weight != nullptr;
 
-  auto short_row = [&](int64_t r, int64_t lo, int64_t hi) {
+  auto short_row = [&](int64_t, int64_t r, int64_t lo, int64_t hi) {
     for (int chunk = 0; chunk < p.num_chunks; ++chunk) {
       const auto m = lane_map<V, VPL>(chunk, lane, G, p.D, p.HD);
       acc_t acc[VPL][V];
@@ -477,7 +282,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                     p.acc_out + r * p.HD);
     }
   };
-  for_each_work_item(p.ptr, p.num_rows, p.num_edges, wl, G, short_row, long_row);
+  for_each_work_item(p.ptr, p.num_edges, wl, G, 1, short_row, long_row);
 }
 
 // ---------------------------------------------------------------------------
@@ -487,7 +292,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // ---------------------------------------------------------------------------
 
 template <typename scalar_t, typename index_t>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
     sddmm_generic_kernel(const DotParams<scalar_t, index_t> p, const WorkList wl) {
   using acc_t = at::opmath_type<scalar_t>;
   const int G = p.G, lane = threadIdx.x & (G - 1);
@@ -512,12 +317,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   };
+  auto short_entries = [&](int64_t, int64_t r, int64_t lo, int64_t hi) { entries(r, lo, hi); };
   auto long_row = [&](int64_t r, int64_t lo, int64_t hi) {
     int64_t slo, shi;
     group_slice(lo, hi, group, groups, slo, shi);
     entries(r, slo, shi);
   };
-  for_each_work_item(p.ptr, p.num_rows, p.num_edges, wl, G, entries, long_row);
+  for_each_work_item(p.ptr, p.num_edges, wl, G, 1, short_entries, long_row);
 }
 
 // ---------------------------------------------------------------------------
@@ -527,7 +333,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // ---------------------------------------------------------------------------
 
 template <typename scalar_t, typename index_t>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
     scatter_kernel(const index_t* __restrict__ rowptr, const index_t* __restrict__ col,
                    const scalar_t* __restrict__ weight, const scalar_t* __restrict__ grad_out,
                    at::opmath_type<scalar_t>* __restrict__ acc, int64_t num_rows,
@@ -545,89 +351,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   };
+  auto short_entries = [&](int64_t, int64_t r, int64_t lo, int64_t hi) { entries(r, lo, hi); };
   auto long_row = [&](int64_t r, int64_t lo, int64_t hi) {
     int64_t slo, shi;
     group_slice(lo, hi, group, groups, slo, shi);
     entries(r, slo, shi);
   };
-  for_each_work_item(rowptr, num_rows, num_edges, wl, G, entries, long_row);
+  for_each_work_item(rowptr, num_edges, wl, G, 1, short_entries, long_row);
 }
 
 // ---------------------------------------------------------------------------
 // Host side
 // ---------------------------------------------------------------------------
-
-int next_pow2(int64_t n) {
-  int p = 1;
-  while (p < n && p < 32) p <<= 1;
-  return p;
-}
-
-bool is_aligned(const void* ptr, size_t bytes) {
-  return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
-}
-
-// Lanes per row and vectors per lane for rows of `num_vec` vectors.
-struct LaneConfig {
-  int G, vpl, num_chunks;
-};
-
-LaneConfig lane_config(int64_t num_vec, bool allow_vpl2) {
-  LaneConfig c;
-  if (num_vec <= 32) {
-    c.G = next_pow2(num_vec);
-    c.vpl = 1;
-  } else {
-    c.G = 32;
-    c.vpl = (allow_vpl2 && num_vec <= 64) ? 2 : kMaxVPL;
-  }
-  c.num_chunks = static_cast<int>((num_vec + c.G * c.vpl - 1) / (c.G * c.vpl));
-  return c;
-}
-
-int num_sms() {
-  int count = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount,
-                                        c10::cuda::current_device()));
-  return count;
-}
-
-// Rows longer than this go to a whole block. A single warp gathers ~5 GB/s,
-// the device ~4 TB/s: a row of E / 32768 edges then costs a warp about 2% of
-// the whole kernel, so anything longer is spread over a block.
-int64_t long_threshold(int64_t num_edges) {
-  return std::max<int64_t>(64, num_edges / 32768);
-}
-
-// Builds the work list of a persistent kernel; `storage` keeps it alive until
-// the launches that use it are enqueued (stream-ordered reuse afterwards).
-template <typename index_t>
-WorkList make_work_list(const index_t* ptr, int64_t num_rows, int64_t num_edges, int G,
-                        at::Tensor& storage, const at::TensorOptions& options) {
-  auto stream = c10::cuda::getCurrentCUDAStream();
-  storage = at::empty({num_rows + 2}, options.dtype(at::kLong));
-  WorkList wl;
-  wl.counters = reinterpret_cast<unsigned long long*>(storage.data_ptr<int64_t>());
-  wl.long_rows = storage.data_ptr<int64_t>() + 2;
-  wl.num_tiles = (num_rows + kThreads / G - 1) / (kThreads / G);
-  wl.long_threshold = long_threshold(num_edges);
-  C10_CUDA_CHECK(cudaMemsetAsync(wl.counters, 0, 2 * sizeof(unsigned long long), stream));
-  const int blocks =
-      static_cast<int>(std::min<int64_t>((num_rows + kThreads - 1) / kThreads, num_sms() * 8LL));
-  find_long_rows_kernel<index_t><<<blocks, kThreads, 0, stream>>>(
-      ptr, num_rows, num_edges, wl, storage.data_ptr<int64_t>() + 2);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return wl;
-}
-
-// Resident blocks of a persistent kernel, no more than there are work items.
-template <typename Kernel>
-int persistent_grid(Kernel kernel, const WorkList& wl, int64_t num_rows) {
-  int per_sm = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
-  const int64_t blocks = static_cast<int64_t>(std::max(per_sm, 1)) * num_sms();
-  return static_cast<int>(std::max<int64_t>(1, std::min(blocks, wl.num_tiles + num_rows)));
-}
 
 template <typename scalar_t, typename index_t>
 void launch_gather(GatherParams<scalar_t, index_t> p, const at::TensorOptions& options) {
@@ -637,10 +372,10 @@ void launch_gather(GatherParams<scalar_t, index_t> p, const at::TensorOptions& o
   p.G = c.G;
   p.num_chunks = c.num_chunks;
   at::Tensor storage;
-  const WorkList wl = make_work_list(p.ptr, p.num_rows, p.num_edges, c.G, storage, options);
+  const WorkList wl = make_work_list(p.ptr, p.num_rows, p.num_edges, storage, options);
   auto stream = c10::cuda::getCurrentCUDAStream();
   auto launch = [&](auto kernel) {
-    kernel<<<persistent_grid(kernel, wl, p.num_rows), kThreads, 0, stream>>>(p, wl);
+    kernel<<<persistent_grid(kernel, p.num_rows, p.G), kThreads, 0, stream>>>(p, wl);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
   if (vectorised) {
@@ -669,11 +404,11 @@ bool try_launch_dot_gather(DotParams<scalar_t, index_t> p, const at::TensorOptio
   p.S = std::min(vec_per_head, c.G);
   p.num_chunks = c.num_chunks;
   at::Tensor storage;
-  const WorkList wl = make_work_list(p.ptr, p.num_rows, p.num_edges, c.G, storage, options);
+  const WorkList wl = make_work_list(p.ptr, p.num_rows, p.num_edges, storage, options);
   auto stream = c10::cuda::getCurrentCUDAStream();
   VPL_SWITCH(c.vpl, kVPL, [&] {
     auto kernel = dot_gather_kernel<scalar_t, index_t, kVec, kVPL>;
-    kernel<<<persistent_grid(kernel, wl, p.num_rows), kThreads, 0, stream>>>(p, wl);
+    kernel<<<persistent_grid(kernel, p.num_rows, p.G), kThreads, 0, stream>>>(p, wl);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return true;
@@ -685,9 +420,9 @@ void launch_sddmm_generic(DotParams<scalar_t, index_t> p, const at::TensorOption
   p.S = p.G;
   p.num_chunks = 1;
   at::Tensor storage;
-  const WorkList wl = make_work_list(p.ptr, p.num_rows, p.num_edges, p.G, storage, options);
+  const WorkList wl = make_work_list(p.ptr, p.num_rows, p.num_edges, storage, options);
   auto kernel = sddmm_generic_kernel<scalar_t, index_t>;
-  kernel<<<persistent_grid(kernel, wl, p.num_rows), kThreads, 0,
+  kernel<<<persistent_grid(kernel, p.num_rows, p.G), kThreads, 0,
            c10::cuda::getCurrentCUDAStream()>>>(p, wl);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -830,9 +565,9 @@ at::Tensor multihead_spmm_backward_x_scatter_cuda(const at::Tensor& rowptr, cons
       const int G = next_pow2(H * D);
       at::Tensor storage;
       const auto* rp = rowptr_c.data_ptr<index_t>();
-      const WorkList wl = make_work_list(rp, N_dst, E, G, storage, rowptr.options());
+      const WorkList wl = make_work_list(rp, N_dst, E, storage, rowptr.options());
       auto kernel = scatter_kernel<scalar_t, index_t>;
-      kernel<<<persistent_grid(kernel, wl, N_dst), kThreads, 0,
+      kernel<<<persistent_grid(kernel, N_dst, G), kThreads, 0,
                c10::cuda::getCurrentCUDAStream()>>>(
           rp, col_c.data_ptr<index_t>(), weight_c.data_ptr<scalar_t>(), go.data_ptr<scalar_t>(),
           acc.data_ptr<acc_t>(), N_dst, num_src, E, static_cast<int>(H), static_cast<int>(D), G,

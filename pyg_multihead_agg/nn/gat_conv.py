@@ -2,8 +2,10 @@
 from typing import Optional, Tuple, Union
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric import EdgeIndex, is_compiling
+from torch_geometric.index import ptr2index
 from torch_geometric.nn import GATConv as PyGGATConv
 from torch_geometric.typing import (
     Adj,
@@ -14,6 +16,7 @@ from torch_geometric.typing import (
     torch_sparse,
 )
 from torch_geometric.utils import add_self_loops, is_torch_sparse_tensor, remove_self_loops
+from torch_geometric.utils.sparse import set_sparse_value
 
 from .. import ops
 from ..adj import (
@@ -22,6 +25,12 @@ from ..adj import (
     csr_csc_from_sparse_tensor,
     csr_csc_from_torch_csr,
 )
+
+# PyG's MessagePassing hook dictionaries: with any hook registered, the layer
+# takes PyG's path, where the hooks see the messages they expect.
+_HOOKS = ("propagate_forward_pre", "propagate_forward", "message_forward_pre", "message_forward",
+          "aggregate_forward_pre", "aggregate_forward", "message_and_aggregate_forward_pre",
+          "message_and_aggregate_forward", "edge_update_forward_pre", "edge_update_forward")
 
 
 class GATConv(PyGGATConv):
@@ -113,6 +122,10 @@ class GATConv(PyGGATConv):
     """
     SUPPORTS_FUSED_EDGE_INDEX = True
 
+    def __init__(self, *args, fused_attention: bool = True, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fused_attention = fused_attention
+
     # PyG's Inspector caches class sources by class name, so it would read
     # this class's source for the parent's "# propagate_type:" comments: state
     # the signatures of the generated propagate/edge_updater explicitly.
@@ -135,13 +148,20 @@ class GATConv(PyGGATConv):
                 "The usage of 'edge_attr' and 'add_self_loops' simultaneously is not supported "
                 "for 'edge_index' as a torch.sparse tensor: add the self-loops to the graph "
                 "beforehand and set 'add_self_loops=False'")
-        if not (self.add_self_loops and self._adds_own_self_loops(edge_index, edge_attr)):
+        self._check_index_range(x, edge_index, size)
+        loops_added = False
+        if self.add_self_loops and self._adds_own_self_loops(edge_index, edge_attr):
+            num_nodes = self._num_loop_nodes(x, size)
+            if isinstance(edge_index, EdgeIndex):
+                edge_index, edge_attr = self._self_loops_sorted(edge_index, edge_attr, num_nodes)
+            else:
+                edge_index = _sparse_self_loops(self._loops_cache, edge_index, num_nodes)
+            loops_added = True
+        if ((loops_added or not self.add_self_loops)
+                and self._uses_fused_attention(x, edge_index, return_attention_weights)):
+            return self._fused_forward(x, edge_index, edge_attr, size, return_attention_weights)
+        if not loops_added:
             return super().forward(x, edge_index, edge_attr, size, return_attention_weights)
-        num_nodes = self._num_loop_nodes(x, size)
-        if isinstance(edge_index, EdgeIndex):
-            edge_index, edge_attr = self._self_loops_sorted(edge_index, edge_attr, num_nodes)
-        else:
-            edge_index = _sparse_self_loops(self._loops_cache, edge_index, num_nodes)
         # The parent must not add them a second time.
         self.add_self_loops = False
         try:
@@ -149,11 +169,161 @@ class GATConv(PyGGATConv):
         finally:
             self.add_self_loops = True
 
+    def _uses_fused_attention(self, x: Union[Tensor, OptPairTensor], edge_index: Adj,
+                              return_attention_weights: Optional[bool]) -> bool:
+        # The fused attention op (softmax + dropout + aggregation in one
+        # kernel) needs compressed rows, no PyG hooks or explainer that would
+        # observe the per-edge messages, and, on CUDA, a head width its
+        # backward kernel handles. Attention weights after dropout are PyG's
+        # unfused path (the mask is not materialised by the fused op).
+        if not getattr(self, "fused_attention", True) or self.decomposed_layers > 1:
+            return False
+        if getattr(self, "_explain", None) or any(
+                len(getattr(self, f"_{name}_hooks")) > 0 for name in _HOOKS):
+            return False
+        if return_attention_weights and self.training and self.dropout > 0:
+            return False
+        if isinstance(edge_index, EdgeIndex):
+            if not edge_index.is_sorted_by_col:
+                return False
+        elif not (isinstance(edge_index, SparseTensor) or (
+                is_torch_sparse_tensor(edge_index) and edge_index.layout == torch.sparse_csr)):
+            return False
+        x_src = x if isinstance(x, Tensor) else x[0]
+        if x_src.is_cuda:
+            # A head of D channels must fit one chunk of the CUDA backward:
+            # 128 16-byte vectors, or 128 elements when D is not a multiple
+            # of the vector width.
+            vec = 16 // torch.empty((), dtype=self._fused_dtype(x_src)).element_size()
+            limit = 128 * vec if self.out_channels % vec == 0 else 128
+            return self.out_channels <= limit
+        return True
+
+    @staticmethod
+    def _fused_dtype(x_src: Tensor) -> torch.dtype:
+        if torch.is_autocast_enabled(x_src.device.type):
+            return torch.get_autocast_dtype(x_src.device.type)
+        return x_src.dtype if x_src.is_floating_point() else torch.get_default_dtype()
+
+    def _fused_forward(self, x: Union[Tensor, OptPairTensor], edge_index: Adj,
+                       edge_attr: OptTensor, size: Size,
+                       return_attention_weights: Optional[bool]):
+        # PyG's GATConv.forward with edge_updater + propagate replaced by one
+        # call of the fused attention op; the projections, residual, bias and
+        # the size checks are PyG's own.
+        H, C = self.heads, self.out_channels
+        res: Optional[Tensor] = None
+        if isinstance(x, Tensor):
+            assert x.dim() == 2, "Static graphs not supported in 'GATConv'"
+            if self.res is not None:
+                res = self.res(x)
+            if self.lin is not None:
+                x_src = x_dst = self.lin(x).view(-1, H, C)
+            else:
+                x_src = self.lin_src(x).view(-1, H, C)
+                x_dst = self.lin_dst(x).view(-1, H, C)
+        else:
+            x_src, x_dst = x
+            assert x_src.dim() == 2, "Static graphs not supported in 'GATConv'"
+            if x_dst is not None and self.res is not None:
+                res = self.res(x_dst)
+            lin_src = self.lin if self.lin is not None else self.lin_src
+            lin_dst = self.lin if self.lin is not None else self.lin_dst
+            x_src = lin_src(x_src).view(-1, H, C)
+            if x_dst is not None:
+                x_dst = lin_dst(x_dst).view(-1, H, C)
+
+        alpha_src = (x_src * self.att_src).sum(dim=-1)
+        alpha_dst = None if x_dst is None else (x_dst * self.att_dst).sum(-1)
+
+        # PyG's size checks of propagate: the adjacency's sparse sizes against
+        # the node features.
+        sizes = self._check_input(edge_index, size)
+        self._set_size(sizes, 0, x_src)
+        if x_dst is not None:
+            self._set_size(sizes, 1, x_dst)
+        num_src = sizes[0] if sizes[0] is not None else x_src.size(0)
+        num_dst = sizes[1] if sizes[1] is not None else (
+            x_dst.size(0) if x_dst is not None else num_src)
+
+        alpha_edge: OptTensor = None
+        if edge_attr is not None and self.lin_edge is not None:
+            if edge_attr.dim() == 1:
+                edge_attr = edge_attr.view(-1, 1)
+            num_edges = _num_edges(edge_index)
+            if edge_attr.size(0) != num_edges:
+                raise RuntimeError(
+                    f"edge_attr must have one row per edge: its size ({edge_attr.size(0)}) "
+                    f"must match the size of the edge dimension ({num_edges})")
+            edge_feat = self.lin_edge(edge_attr).view(-1, H, C)
+            alpha_edge = (edge_feat * self.att_edge).sum(dim=-1)
+        if alpha_dst is None:
+            alpha_dst = alpha_src.new_zeros(num_dst, H)
+
+        need_csc = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (x_src, alpha_src, alpha_dst, alpha_edge))
+        rowptr, col, csc = self._csr_csc(edge_index, num_src, num_dst, need_csc)
+        out, lse = ops.gat_attention(
+            rowptr, col, alpha_src, alpha_dst, x_src, s_edge=alpha_edge,
+            negative_slope=self.negative_slope,
+            dropout=self.dropout if self.training else 0.0, csc=csc)
+
+        out = out.view(-1, H * C) if self.concat else out.mean(dim=1)
+        if res is not None:
+            out = out + res
+        if self.bias is not None:
+            out = out + self.bias
+        if not return_attention_weights:
+            return out
+        # alpha from lse, in the adjacency's edge order (= CSR order).
+        dst = ptr2index(rowptr.long(), output_size=col.numel())
+        logit = alpha_src.to(lse.dtype)[col.long()] + alpha_dst.to(lse.dtype)[dst]
+        if alpha_edge is not None:
+            logit = logit + alpha_edge.to(lse.dtype)
+        alpha = torch.exp(F.leaky_relu(logit, self.negative_slope) - lse[dst])
+        alpha = alpha.to(alpha_src.dtype)
+        if isinstance(edge_index, SparseTensor):
+            return out, edge_index.set_value(alpha, layout="coo")
+        if is_torch_sparse_tensor(edge_index):
+            return out, (set_sparse_value(edge_index, alpha), alpha)
+        return out, (edge_index, alpha)
+
+    def _check_index_range(self, x: Union[Tensor, OptPairTensor], edge_index: Adj,
+                           size: Size) -> None:
+        # On the CPU, PyG's gathers turn an out-of-range edge_index into an
+        # IndexError; on CUDA they fail with a device-side assert that leaves
+        # the CUDA context unusable, and the fused path gathers nothing before
+        # its kernel. Check the range once per graph instead (one host sync,
+        # cached like the CSC; skipped inside compiled graphs).
+        if (not isinstance(edge_index, Tensor)
+                or is_torch_sparse_tensor(edge_index) or is_compiling()
+                or edge_index.dim() != 2 or edge_index.numel() == 0):
+            return
+        x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
+        x_dst = x_src if x_dst is None else x_dst
+        bounds = (size[0], size[1]) if size is not None else (x_src.size(0), x_dst.size(0))
+        if self._range_cache.get(edge_index, bounds) is not None:
+            return
+        index = edge_index.as_tensor() if isinstance(edge_index, EdgeIndex) else edge_index
+        lo, hi = torch.stack([index.amin(dim=1), index.amax(dim=1)]).tolist()
+        for dim, name in ((0, "source"), (1, "destination")):
+            if lo[dim] < 0 or hi[dim] >= bounds[dim]:
+                raise IndexError(
+                    f"Found indices in 'edge_index' that are larger than {bounds[dim] - 1} "
+                    f"(got {hi[dim]}) or negative (got {lo[dim]}) in its {name} row. Please "
+                    f"ensure that all indices in 'edge_index' point to valid indices in the "
+                    f"interval [0, {bounds[dim]}) in your node feature matrix and try again.")
+        self._range_cache.put(edge_index, bounds, True)
+
     # Created on first use (not in __init__, which is PyG's) and kept out of
     # the module's state: see GraphCache.
     @property
     def _loops_cache(self) -> GraphCache:
         return self.__dict__.setdefault("_loops_cache_", GraphCache())
+
+    @property
+    def _range_cache(self) -> GraphCache:
+        return self.__dict__.setdefault("_range_cache_", GraphCache())
 
     @property
     def _csc_cache(self) -> GraphCache:
@@ -207,7 +377,8 @@ class GATConv(PyGGATConv):
         # EdgeIndex; alpha [E, H] arrives in the adjacency's edge order, which
         # is the CSR-over-destinations order in all fused cases.
         x_src, x_dst = x
-        if isinstance(edge_index, (SparseTensor, EdgeIndex)):
+        if isinstance(edge_index, (SparseTensor, EdgeIndex)) or (
+                is_torch_sparse_tensor(edge_index) and edge_index.layout == torch.sparse_csr):
             # x_dst fixes the output size (PyG checked it against any declared
             # sparse size); an EdgeIndex's inferred size may miss trailing
             # isolated nodes.
@@ -215,21 +386,8 @@ class GATConv(PyGGATConv):
             if isinstance(edge_index, EdgeIndex) and x_dst is None \
                     and edge_index.num_cols is not None:
                 num_dst = edge_index.num_cols
-            sizes = (x_src.size(0), num_dst)
-            # Eager calls on the same graph reuse the extraction.
-            cached = None if is_compiling() else self._csc_cache.get(edge_index, sizes)
-            if cached is None:
-                if isinstance(edge_index, SparseTensor):
-                    cached = csr_csc_from_sparse_tensor(edge_index)
-                else:
-                    cached = csr_csc_from_edge_index(edge_index, *sizes)
-                if not is_compiling():
-                    self._csc_cache.put(edge_index, sizes, cached)
-            rowptr, col, csc = cached
-        elif is_torch_sparse_tensor(edge_index) and edge_index.layout == torch.sparse_csr:
-            # The forward does not read the CSC: build it only for a backward.
             need_csc = torch.is_grad_enabled() and (alpha.requires_grad or x_src.requires_grad)
-            rowptr, col, csc = _torch_csr_with_csc(self._csc_cache, edge_index, need_csc)
+            rowptr, col, csc = self._csr_csc(edge_index, x_src.size(0), num_dst, need_csc)
         else:
             # torch.sparse_coo: no compressed rows to fuse over, so do what
             # PyG's unfused path does.
@@ -237,6 +395,31 @@ class GATConv(PyGGATConv):
             msg = self.message(x_src.index_select(0, col), alpha)
             return self.aggregate(msg, row, dim_size=edge_index.size(0))
         return ops.multihead_spmm(rowptr, col, alpha, x_src, csc=csc)
+
+    def _csr_csc(self, edge_index: Adj, num_src: int, num_dst: int, need_csc: bool):
+        """(rowptr, col, csc) of a fused adjacency, rows = destinations; the
+        extraction is cached per adjacency object for eager calls."""
+        if is_torch_sparse_tensor(edge_index):
+            # The forward does not read the CSC: build it only for a backward.
+            return _torch_csr_with_csc(self._csc_cache, edge_index, need_csc)
+        sizes = (num_src, num_dst)
+        cached = None if is_compiling() else self._csc_cache.get(edge_index, sizes)
+        if cached is None:
+            if isinstance(edge_index, SparseTensor):
+                cached = csr_csc_from_sparse_tensor(edge_index)
+            else:
+                cached = csr_csc_from_edge_index(edge_index, *sizes)
+            if not is_compiling():
+                self._csc_cache.put(edge_index, sizes, cached)
+        return cached
+
+
+def _num_edges(adj: Adj) -> int:
+    if isinstance(adj, SparseTensor):
+        return adj.nnz()
+    if is_torch_sparse_tensor(adj):
+        return adj._nnz()
+    return adj.size(1)
 
 
 @torch.compiler.disable

@@ -1,0 +1,334 @@
+// CPU kernels of the fused GAT attention (docs/fused_attention.md).
+//
+// Forward: destination rows in parallel (at::parallel_for); per row an exact
+// two-pass softmax over the row's edges, all heads of an edge together:
+// pass 1 takes the maximum logit per head, pass 2 accumulates
+// exp(l - max) (the softmax denominator) and exp(l - max) * m * x[j], and the
+// row is normalised at the end. float32 accumulation for half types.
+//
+// Backward: the attention is recomputed from lse and the dropout mask is
+// regenerated from Philox. Sources in parallel over the CSC give grad_x and
+// grad_s_src (and each edge's grad_z, written once into an E x H buffer);
+// destinations in parallel over the CSR then sum that buffer into grad_s_dst.
+// Every reduction has a fixed order, so the result is deterministic, and no
+// atomics are needed.
+//
+// Every index is bounds-checked, so malformed graphs raise instead of reading
+// out of bounds.
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "../checks.h"
+#include "../philox.h"
+
+namespace pyg_multihead_agg {
+namespace {
+
+// Rows per task: about 32K multiply-adds per chunk (as in multihead_spmm.cpp).
+int64_t gat_grain_size(int64_t num_rows, int64_t edges, int64_t row_width) {
+  const int64_t per_row =
+      std::max<int64_t>(1, (edges / std::max<int64_t>(num_rows, 1)) * std::max<int64_t>(row_width, 1));
+  return std::max<int64_t>(1, 32768 / per_row);
+}
+
+// The graph checks of multihead_spmm.cpp (kept separate so that the two files
+// stay independent).
+template <typename index_t>
+void gat_check_range(index_t begin, index_t end, int64_t num_edges, const char* ptr_name,
+                     int64_t i) {
+  TORCH_CHECK(0 <= begin && begin <= end && end <= num_edges, ptr_name,
+              " must be non-decreasing with values in [0, ", num_edges, "], got ", ptr_name, "[",
+              i, "] = ", begin, " and ", ptr_name, "[", i + 1, "] = ", end);
+}
+
+template <typename index_t>
+void gat_check_ends(const index_t* ptr, int64_t num_rows, int64_t num_edges, const char* ptr_name,
+                    const char* idx_name) {
+  TORCH_CHECK(ptr[0] == 0 && ptr[num_rows] == num_edges, ptr_name,
+              " must start at 0 and end at ", idx_name, ".numel() (", num_edges, "), got ",
+              ptr_name, "[0] = ", ptr[0], " and ", ptr_name, "[-1] = ", ptr[num_rows]);
+}
+
+template <typename index_t>
+void gat_check_index_value(index_t v, int64_t bound, const char* name, int64_t e) {
+  TORCH_CHECK(0 <= v && v < bound, name, "[", e, "] = ", v, " is out of range [0, ", bound, ")");
+}
+
+// The dropout generator and the scale of a kept element, 1 / (1 - p) (0 when
+// p == 1, where nothing is kept).
+struct Dropout {
+  DropoutRng rng;
+  double keep_scale = 1.0;
+};
+
+Dropout make_dropout(double dropout_p, const std::optional<at::Tensor>& philox) {
+  Dropout d;
+  if (philox.has_value() && philox->defined()) {
+    const auto p = philox->contiguous();
+    const int64_t* v = p.data_ptr<int64_t>();
+    d.rng.seed = static_cast<uint64_t>(v[0]);
+    d.rng.offset = static_cast<uint64_t>(v[1]);
+  }
+  d.rng.threshold = dropout_threshold(dropout_p);
+  d.keep_scale = dropout_p < 1.0 ? 1.0 / (1.0 - dropout_p) : 0.0;
+  return d;
+}
+
+template <typename acc_t>
+inline acc_t leaky_relu(acc_t z, acc_t negative_slope) {
+  return z > acc_t(0) ? z : z * negative_slope;
+}
+
+std::tuple<at::Tensor, at::Tensor> gat_attention_cpu(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& s_src,
+    const at::Tensor& s_dst, const std::optional<at::Tensor>& s_edge, const at::Tensor& x,
+    double negative_slope, double dropout_p, const std::optional<at::Tensor>& philox,
+    const std::optional<at::Tensor>& /*colptr*/, const std::optional<at::Tensor>& /*row*/,
+    const std::optional<at::Tensor>& /*perm*/) {
+  const GatShape s = check_gat_attention(rowptr, col, s_src, s_dst, s_edge, x, dropout_p, philox);
+  TORCH_CHECK(x.device().is_cpu(), "x must be a CPU tensor for the CPU kernel");
+  const int64_t N_dst = s.N_dst, N_src = s.N_src, E = s.E, H = s.H, D = s.D, HD = H * D;
+  const bool has_edge = s_edge.has_value() && s_edge->defined();
+  const auto rowptr_c = rowptr.contiguous(), col_c = col.contiguous();
+  const auto s_src_c = s_src.contiguous(), s_dst_c = s_dst.contiguous();
+  const auto s_edge_c = has_edge ? s_edge->contiguous() : at::Tensor();
+  const auto x_c = x.contiguous();
+  const Dropout dropout = make_dropout(dropout_p, philox);
+
+  auto out = at::empty({N_dst, H, D}, x.options());
+  auto lse = at::empty({N_dst, H}, x.options().dtype(at::toOpMathType(x.scalar_type())));
+
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "gat_attention_cpu", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "gat_attention_cpu_index", [&] {
+      const index_t* rp = rowptr_c.data_ptr<index_t>();
+      const index_t* cp = col_c.data_ptr<index_t>();
+      const scalar_t* ssp = s_src_c.data_ptr<scalar_t>();
+      const scalar_t* sdp = s_dst_c.data_ptr<scalar_t>();
+      const scalar_t* sep = has_edge ? s_edge_c.data_ptr<scalar_t>() : nullptr;
+      const scalar_t* xp = x_c.data_ptr<scalar_t>();
+      scalar_t* op = out.data_ptr<scalar_t>();
+      acc_t* lp = lse.data_ptr<acc_t>();
+      const acc_t slope = static_cast<acc_t>(negative_slope);
+      const acc_t keep_scale = static_cast<acc_t>(dropout.keep_scale);
+      const DropoutRng rng = dropout.rng;
+      gat_check_ends(rp, N_dst, E, "rowptr", "col");
+
+      at::parallel_for(0, N_dst, gat_grain_size(N_dst, E, HD), [&](int64_t begin, int64_t end) {
+        std::vector<acc_t> acc(HD), row_max(H), row_sum(H), dst(H);
+        for (int64_t i = begin; i < end; ++i) {
+          const index_t lo = rp[i], hi = rp[i + 1];
+          gat_check_range(lo, hi, E, "rowptr", i);
+          scalar_t* o = op + i * HD;
+          acc_t* l_out = lp + i * H;
+          if (lo == hi) {  // no edges: out = 0, lse = -inf
+            std::fill(o, o + HD, scalar_t(0));
+            std::fill(l_out, l_out + H, -std::numeric_limits<acc_t>::infinity());
+            continue;
+          }
+          for (int64_t h = 0; h < H; ++h) dst[h] = static_cast<acc_t>(sdp[i * H + h]);
+          // z[e, h] = s_src[j, h] + s_dst[i, h] (+ s_edge[e, h]).
+          auto logit = [&](int64_t e, int64_t j, int64_t h) {
+            acc_t z = static_cast<acc_t>(ssp[j * H + h]) + dst[h];
+            if (has_edge) z += static_cast<acc_t>(sep[e * H + h]);
+            return leaky_relu(z, slope);
+          };
+
+          // Pass 1: the exact row maximum per head (also validates col).
+          std::fill(row_max.begin(), row_max.end(), -std::numeric_limits<acc_t>::infinity());
+          for (int64_t e = lo; e < hi; ++e) {
+            const index_t j = cp[e];
+            gat_check_index_value(j, N_src, "col", e);
+            for (int64_t h = 0; h < H; ++h) row_max[h] = std::max(row_max[h], logit(e, j, h));
+          }
+
+          // Pass 2: the denominator and the unnormalised, dropped-out sum.
+          std::fill(row_sum.begin(), row_sum.end(), acc_t(0));
+          std::fill(acc.begin(), acc.end(), acc_t(0));
+          for (int64_t e = lo; e < hi; ++e) {
+            const int64_t j = cp[e];
+            const scalar_t* xr = xp + j * HD;
+            for (int64_t h = 0; h < H; ++h) {
+              const acc_t p = std::exp(logit(e, j, h) - row_max[h]);
+              row_sum[h] += p;
+              if (!rng.keep(e, h)) continue;
+              const acc_t w = p * keep_scale;
+              acc_t* a = acc.data() + h * D;
+              const scalar_t* xh = xr + h * D;
+              for (int64_t d = 0; d < D; ++d) a[d] += w * static_cast<acc_t>(xh[d]);
+            }
+          }
+          for (int64_t h = 0; h < H; ++h) {
+            // row_sum >= 1 (the maximum contributes exp(0)).
+            const acc_t inv = acc_t(1) / row_sum[h];
+            l_out[h] = row_max[h] + std::log(row_sum[h]);
+            const acc_t* a = acc.data() + h * D;
+            scalar_t* oh = o + h * D;
+            for (int64_t d = 0; d < D; ++d) oh[d] = static_cast<scalar_t>(a[d] * inv);
+          }
+        }
+      });
+    });
+  });
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backward_cpu(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
+    const at::Tensor& row, const at::Tensor& perm, const at::Tensor& s_src,
+    const at::Tensor& s_dst, const std::optional<at::Tensor>& s_edge, const at::Tensor& x,
+    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out,
+    const std::optional<at::Tensor>& grad_lse, double negative_slope, double dropout_p,
+    const std::optional<at::Tensor>& philox) {
+  const GatShape s = check_gat_attention_backward(rowptr, col, colptr, row, perm, s_src, s_dst,
+                                                  s_edge, x, out, lse, grad_out, grad_lse,
+                                                  dropout_p, philox);
+  TORCH_CHECK(x.device().is_cpu(), "x must be a CPU tensor for the CPU kernel");
+  const int64_t N_dst = s.N_dst, N_src = s.N_src, E = s.E, H = s.H, D = s.D, HD = H * D;
+  const bool has_edge = s_edge.has_value() && s_edge->defined();
+  const bool has_grad_lse = grad_lse.has_value() && grad_lse->defined();
+  const auto rowptr_c = rowptr.contiguous(), col_c = col.contiguous();
+  const auto colptr_c = colptr.contiguous(), row_c = row.contiguous(), perm_c = perm.contiguous();
+  const auto s_src_c = s_src.contiguous(), s_dst_c = s_dst.contiguous();
+  const auto s_edge_c = has_edge ? s_edge->contiguous() : at::Tensor();
+  const auto x_c = x.contiguous(), out_c = out.contiguous(), lse_c = lse.contiguous();
+  const auto go = grad_out.contiguous();
+  const auto glse_c = has_grad_lse ? grad_lse->contiguous() : at::Tensor();
+  const Dropout dropout = make_dropout(dropout_p, philox);
+
+  const auto acc_options = x.options().dtype(at::toOpMathType(x.scalar_type()));
+  auto grad_x = at::empty({N_src, H, D}, x.options());
+  auto grad_s_src = at::empty({N_src, H}, x.options());
+  auto grad_s_dst = at::empty({N_dst, H}, x.options());
+  // delta[i, h] = <grad_out[i, h], out[i, h]>, and grad_z per edge. gz is
+  // zero-filled: should perm not be a permutation, an edge it misses reads
+  // 0 rather than uninitialised memory.
+  auto delta = at::empty({N_dst, H}, acc_options);
+  auto gz = at::zeros({E, H}, acc_options);
+
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "gat_attention_backward_cpu", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "gat_attention_backward_cpu_index", [&] {
+      const index_t* rp = rowptr_c.data_ptr<index_t>();
+      const index_t* cp = col_c.data_ptr<index_t>();
+      const index_t* ccp = colptr_c.data_ptr<index_t>();
+      const index_t* rwp = row_c.data_ptr<index_t>();
+      const index_t* pp = perm_c.data_ptr<index_t>();
+      const scalar_t* ssp = s_src_c.data_ptr<scalar_t>();
+      const scalar_t* sdp = s_dst_c.data_ptr<scalar_t>();
+      const scalar_t* sep = has_edge ? s_edge_c.data_ptr<scalar_t>() : nullptr;
+      const scalar_t* xp = x_c.data_ptr<scalar_t>();
+      const scalar_t* outp = out_c.data_ptr<scalar_t>();
+      const scalar_t* gop = go.data_ptr<scalar_t>();
+      const acc_t* lp = lse_c.data_ptr<acc_t>();
+      const acc_t* glp = has_grad_lse ? glse_c.data_ptr<acc_t>() : nullptr;
+      acc_t* dp = delta.data_ptr<acc_t>();
+      acc_t* gzp = gz.data_ptr<acc_t>();
+      scalar_t* gxp = grad_x.data_ptr<scalar_t>();
+      scalar_t* gsp = grad_s_src.data_ptr<scalar_t>();
+      scalar_t* gdp = grad_s_dst.data_ptr<scalar_t>();
+      const acc_t slope = static_cast<acc_t>(negative_slope);
+      const acc_t keep_scale = static_cast<acc_t>(dropout.keep_scale);
+      const DropoutRng rng = dropout.rng;
+      gat_check_ends(rp, N_dst, E, "rowptr", "col");
+      gat_check_ends(ccp, N_src, E, "colptr", "row");
+
+      // 1. delta per destination; validates the CSR (the last pass reads it).
+      at::parallel_for(0, N_dst, gat_grain_size(N_dst, N_dst, HD), [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          gat_check_range(rp[i], rp[i + 1], E, "rowptr", i);
+          for (int64_t e = rp[i]; e < rp[i + 1]; ++e) gat_check_index_value(cp[e], N_src, "col", e);
+          for (int64_t h = 0; h < H; ++h) {
+            const scalar_t* g = gop + i * HD + h * D;
+            const scalar_t* o = outp + i * HD + h * D;
+            acc_t dot = 0;
+            for (int64_t d = 0; d < D; ++d) dot += static_cast<acc_t>(g[d]) * static_cast<acc_t>(o[d]);
+            dp[i * H + h] = dot;
+          }
+        }
+      });
+
+      // 2. Sources over the CSC: grad_x, grad_s_src and gz.
+      at::parallel_for(0, N_src, gat_grain_size(N_src, E, HD), [&](int64_t begin, int64_t end) {
+        std::vector<acc_t> acc_x(HD), acc_s(H), src(H);
+        for (int64_t j = begin; j < end; ++j) {
+          std::fill(acc_x.begin(), acc_x.end(), acc_t(0));
+          std::fill(acc_s.begin(), acc_s.end(), acc_t(0));
+          for (int64_t h = 0; h < H; ++h) src[h] = static_cast<acc_t>(ssp[j * H + h]);
+          const index_t lo = ccp[j], hi = ccp[j + 1];
+          gat_check_range(lo, hi, E, "colptr", j);
+          const scalar_t* xr = xp + j * HD;
+          for (int64_t k = lo; k < hi; ++k) {
+            const index_t i = rwp[k], e = pp[k];
+            gat_check_index_value(i, N_dst, "row", k);
+            gat_check_index_value(e, E, "perm", k);
+            const scalar_t* g = gop + static_cast<int64_t>(i) * HD;
+            for (int64_t h = 0; h < H; ++h) {
+              acc_t z = src[h] + static_cast<acc_t>(sdp[i * H + h]);
+              if (has_edge) z += static_cast<acc_t>(sep[e * H + h]);
+              const acc_t alpha = std::exp(leaky_relu(z, slope) - lp[i * H + h]);
+              // m * dot; 0 for a dropped element (whose dot is not needed).
+              acc_t m_dot = 0;
+              if (rng.keep(e, h)) {
+                const acc_t w = alpha * keep_scale;  // alpha * m
+                const scalar_t* gh = g + h * D;
+                const scalar_t* xh = xr + h * D;
+                acc_t* a = acc_x.data() + h * D;
+                acc_t dot = 0;
+                for (int64_t d = 0; d < D; ++d) {
+                  const acc_t gd = static_cast<acc_t>(gh[d]);
+                  a[d] += w * gd;
+                  dot += gd * static_cast<acc_t>(xh[d]);
+                }
+                m_dot = keep_scale * dot;
+              }
+              acc_t grad_l = m_dot - dp[i * H + h];
+              if (glp != nullptr) grad_l += glp[i * H + h];
+              const acc_t grad_z = alpha * grad_l * (z > acc_t(0) ? acc_t(1) : slope);
+              acc_s[h] += grad_z;
+              gzp[static_cast<int64_t>(e) * H + h] = grad_z;
+            }
+          }
+          scalar_t* gx = gxp + j * HD;
+          for (int64_t f = 0; f < HD; ++f) gx[f] = static_cast<scalar_t>(acc_x[f]);
+          for (int64_t h = 0; h < H; ++h) gsp[j * H + h] = static_cast<scalar_t>(acc_s[h]);
+        }
+      });
+
+      // 3. Destinations over the CSR: grad_s_dst[i] = sum of the row's gz.
+      at::parallel_for(0, N_dst, gat_grain_size(N_dst, E, H), [&](int64_t begin, int64_t end) {
+        std::vector<acc_t> acc(H);
+        for (int64_t i = begin; i < end; ++i) {
+          std::fill(acc.begin(), acc.end(), acc_t(0));
+          for (int64_t e = rp[i]; e < rp[i + 1]; ++e)
+            for (int64_t h = 0; h < H; ++h) acc[h] += gzp[e * H + h];
+          for (int64_t h = 0; h < H; ++h) gdp[i * H + h] = static_cast<scalar_t>(acc[h]);
+        }
+      });
+    });
+  });
+
+  auto grad_s_edge = has_edge ? gz.to(x.scalar_type()) : at::empty({0, H}, x.options());
+  return {grad_x, grad_s_src, grad_s_dst, grad_s_edge};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(pyg_multihead_agg, CPU, m) {
+  m.impl("gat_attention", &gat_attention_cpu);
+  m.impl("gat_attention_backward", &gat_attention_backward_cpu);
+}
+
+}  // namespace pyg_multihead_agg

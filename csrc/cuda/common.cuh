@@ -1,0 +1,321 @@
+// Device and host building blocks shared by the CUDA kernels
+// (multihead_spmm.cu, gat_attention.cu): 16-byte vector loads, the lane map of
+// a row's features, and the persistent work loop with its long-row list.
+// Design notes: benchmarks/KERNEL_NOTES.md.
+#pragma once
+
+#include <ATen/OpMathType.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace pyg_multihead_agg {
+namespace {
+
+constexpr int kThreads = 256;       // threads per block, every kernel
+#ifndef PMA_LOADS_IN_FLIGHT
+#define PMA_LOADS_IN_FLIGHT 8
+#endif
+#ifndef PMA_MIN_BLOCKS
+#define PMA_MIN_BLOCKS 2
+#endif
+constexpr int kLoadsInFlight = PMA_LOADS_IN_FLIGHT;  // 16-byte gathers per lane per unrolled step
+// Minimum resident blocks per SM asked of ptxas for the gather kernels:
+// caps their registers (2: 128 per thread) so that enough warps keep
+// gathers in flight.
+constexpr int kMinBlocks = PMA_MIN_BLOCKS;
+constexpr int kMaxVPL = 4;          // vectors per lane before chunking the row
+// ---------------------------------------------------------------------------
+// Device helpers
+// ---------------------------------------------------------------------------
+
+template <int kBytes>
+struct RawType;
+template <>
+struct RawType<16> { using type = uint4; };
+template <>
+struct RawType<8> { using type = uint2; };
+template <>
+struct RawType<4> { using type = unsigned int; };
+template <>
+struct RawType<2> { using type = unsigned short; };
+
+template <typename scalar_t, int V>
+struct alignas(sizeof(scalar_t) * V) Vec {
+  scalar_t val[V];
+};
+
+// One V-element vector through the read-only path (ld.global.nc).
+template <typename scalar_t, int V>
+__device__ __forceinline__ Vec<scalar_t, V> load_vec(const scalar_t* p) {
+  using raw_t = typename RawType<sizeof(scalar_t) * V>::type;
+  Vec<scalar_t, V> v;
+  *reinterpret_cast<raw_t*>(&v) = __ldg(reinterpret_cast<const raw_t*>(p));
+  return v;
+}
+
+template <typename scalar_t, int V>
+__device__ __forceinline__ Vec<scalar_t, V> zero_vec() {
+  using raw_t = typename RawType<sizeof(scalar_t) * V>::type;
+  Vec<scalar_t, V> v;
+  *reinterpret_cast<raw_t*>(&v) = raw_t{};
+  return v;
+}
+
+template <typename scalar_t>
+__device__ __forceinline__ at::opmath_type<scalar_t> load_value(const scalar_t* p) {
+  return static_cast<at::opmath_type<scalar_t>>(load_vec<scalar_t, 1>(p).val[0]);
+}
+
+template <typename scalar_t, int V, typename acc_t>
+__device__ __forceinline__ void store_vec(scalar_t* p, const acc_t (&a)[V]) {
+  Vec<scalar_t, V> v;
+#pragma unroll
+  for (int i = 0; i < V; ++i) v.val[i] = static_cast<scalar_t>(a[i]);
+  *reinterpret_cast<Vec<scalar_t, V>*>(p) = v;
+}
+
+template <typename index_t>
+__device__ __forceinline__ int64_t load_index(const index_t* p) {
+  return static_cast<int64_t>(__ldg(p));
+}
+
+// [lo, hi) of compressed row r, clamped to [0, num_edges] and empty when the
+// pointer decreases: malformed pointers cannot send a kernel out of bounds.
+template <typename index_t>
+__device__ __forceinline__ void row_range(const index_t* ptr, int64_t r, int64_t num_edges,
+                                          int64_t& lo, int64_t& hi) {
+  const int64_t a = load_index(ptr + r), b = load_index(ptr + r + 1);
+  lo = a < 0 ? 0 : (a > num_edges ? num_edges : a);
+  hi = b < lo ? lo : (b > num_edges ? num_edges : b);
+}
+
+__device__ __forceinline__ bool in_range(int64_t v, int64_t bound) {
+  return static_cast<uint64_t>(v) < static_cast<uint64_t>(bound);
+}
+
+// Mask of the G lanes of this thread's group, for the shuffles of one group
+// while other groups of the warp run other rows.
+__device__ __forceinline__ unsigned group_mask(int G) {
+  if (G == 32) return 0xffffffffu;
+  const int lane = threadIdx.x & 31;
+  return ((1u << G) - 1u) << (lane & ~(G - 1));
+}
+
+// Which vectors of a row this lane owns in one feature chunk (see the top).
+template <int VPL>
+struct LaneMap {
+  int feat[VPL];   // first feature of the vector within the row
+  int head[VPL];   // its head (>= H for the padding vectors of the last chunk)
+  bool valid[VPL];
+};
+
+template <int V, int VPL>
+__device__ __forceinline__ LaneMap<VPL> lane_map(int chunk, int lane, int G, int D, int HD) {
+  LaneMap<VPL> m;
+#pragma unroll
+  for (int k = 0; k < VPL; ++k) {
+    const int v = chunk * G * VPL + lane + G * k;
+    m.feat[k] = v * V;
+    m.head[k] = v * V / D;
+    m.valid[k] = v * V < HD;
+  }
+  return m;
+}
+
+// ---------------------------------------------------------------------------
+// Work list: long rows first (block-wide), then tiles of short rows
+// ---------------------------------------------------------------------------
+
+struct WorkList {
+  const int64_t* long_rows;      // filled by find_long_rows_kernel
+  unsigned long long* counters;  // [0]: long rows found, [1]: next long row, [2]: next short item
+  int64_t num_rows;
+  int64_t long_threshold;        // rows with more edges than this are long
+};
+
+// Short items a warp takes per atomic: fewer atomics on one counter against
+// a coarser tail at the end of the grid.
+constexpr int kFetchRounds = 8;
+
+template <typename index_t>
+__global__ void __launch_bounds__(kThreads)
+    find_long_rows_kernel(const index_t* __restrict__ ptr, int64_t num_rows, int64_t num_edges,
+                          WorkList wl, int64_t* __restrict__ long_rows) {
+  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < num_rows;
+       r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t lo, hi;
+    row_range(ptr, r, num_edges, lo, hi);
+    // The list order varies from run to run, the per-row results do not.
+    if (hi - lo > wl.long_threshold) long_rows[atomicAdd(&wl.counters[0], 1ull)] = r;
+  }
+}
+
+// The loop of a persistent kernel. Phase 1: the block takes long rows one at
+// a time from an atomic counter and runs `long_fn(r, lo, hi)` with all its
+// threads (it may synchronise the block). Phase 2: every warp takes
+// kFetchRounds * (32 / G) short work items at a time from a second counter,
+// one item per group of G lanes, and runs `short_fn(item, r, lo, hi)` with
+// that group (it may shuffle within the group, never synchronise more). An
+// item is a (row, sub-item) pair, item = r * items_per_row + sub: the heads
+// of one row for the fused attention kernels, 1 for the others. Consecutive
+// items go to neighbouring groups of a warp, so they share the row's indices
+// in L1. No block-wide barrier in phase 2: a warp whose rows are short goes
+// on at once instead of waiting for the longest row of a tile.
+template <typename index_t, typename ShortFn, typename LongFn>
+__device__ __forceinline__ void for_each_work_item(const index_t* ptr, int64_t num_edges,
+                                                   const WorkList& wl, int G, int items_per_row,
+                                                   ShortFn&& short_fn, LongFn&& long_fn) {
+  __shared__ unsigned long long s_item;
+  const int64_t num_long = static_cast<int64_t>(wl.counters[0]);
+  for (;;) {
+    if (threadIdx.x == 0) s_item = atomicAdd(&wl.counters[1], 1ull);
+    __syncthreads();
+    const int64_t item = static_cast<int64_t>(s_item);
+    __syncthreads();
+    if (item >= num_long) break;
+    const int64_t r = wl.long_rows[item];
+    int64_t lo, hi;
+    row_range(ptr, r, num_edges, lo, hi);
+    long_fn(r, lo, hi);
+  }
+  const int lane32 = threadIdx.x & 31, groups_per_warp = 32 / G, group = lane32 / G;
+  const int64_t num_items = wl.num_rows * items_per_row;
+  const unsigned long long per_fetch = static_cast<unsigned long long>(groups_per_warp) *
+                                       kFetchRounds;
+  for (;;) {
+    unsigned long long base = 0;
+    if (lane32 == 0) base = atomicAdd(&wl.counters[2], per_fetch);
+    base = __shfl_sync(0xffffffffu, base, 0);
+    if (base >= static_cast<unsigned long long>(num_items)) break;  // warp-uniform
+    for (int t = 0; t < kFetchRounds; ++t) {
+      const int64_t item = static_cast<int64_t>(base) + t * groups_per_warp + group;
+      if (item >= num_items) break;  // group-uniform
+      const int64_t r = items_per_row == 1 ? item : item / items_per_row;
+      int64_t lo, hi;
+      row_range(ptr, r, num_edges, lo, hi);
+      if (hi - lo <= wl.long_threshold) short_fn(item, r, lo, hi);
+    }
+  }
+}
+
+// The contiguous slice of [lo, hi) that group `group` of `groups` (a power of
+// two: a shift, not a 64-bit division, which would be a subroutine call) takes
+// in a long row.
+__device__ __forceinline__ void group_slice(int64_t lo, int64_t hi, int group, int groups,
+                                            int64_t& slo, int64_t& shi) {
+  const int64_t len = (hi - lo + groups - 1) >> (__ffs(groups) - 1);
+  slo = min(hi, lo + group * len);
+  shi = min(hi, slo + len);
+}
+
+// Sums the groups' partial rows of one feature chunk in group order (fixed, so
+// deterministic) and writes them. red holds kThreads * VPL * V values: group g's
+// value of feature chunk_feat + q at red[g * G * VPL * V + q].
+template <typename scalar_t, typename acc_t, int V, int VPL>
+__device__ __forceinline__ void block_reduce_store(acc_t* red, const acc_t (&acc)[VPL][V], int G,
+                                                   int lane, int chunk_feat, int HD,
+                                                   scalar_t* __restrict__ out_row) {
+  const int cwe = G * VPL * V, groups = kThreads / G, group = threadIdx.x / G;
+#pragma unroll
+  for (int k = 0; k < VPL; ++k)
+#pragma unroll
+    for (int v = 0; v < V; ++v) red[group * cwe + (k * G + lane) * V + v] = acc[k][v];
+  __syncthreads();
+  for (int q = threadIdx.x; q < cwe; q += kThreads) {
+    if (chunk_feat + q < HD) {
+      acc_t s = 0;
+      for (int g = 0; g < groups; ++g) s += red[g * cwe + q];
+      out_row[chunk_feat + q] = static_cast<scalar_t>(s);
+    }
+  }
+  __syncthreads();
+}
+
+// ---------------------------------------------------------------------------
+// Host helpers
+// ---------------------------------------------------------------------------
+
+int next_pow2(int64_t n) {
+  int p = 1;
+  while (p < n && p < 32) p <<= 1;
+  return p;
+}
+
+bool is_aligned(const void* ptr, size_t bytes) {
+  return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
+}
+
+// Lanes per row and vectors per lane for rows of `num_vec` vectors.
+struct LaneConfig {
+  int G, vpl, num_chunks;
+};
+
+LaneConfig lane_config(int64_t num_vec, bool allow_vpl2) {
+  LaneConfig c;
+  if (num_vec <= 32) {
+    c.G = next_pow2(num_vec);
+    c.vpl = 1;
+  } else {
+    c.G = 32;
+    c.vpl = (allow_vpl2 && num_vec <= 64) ? 2 : kMaxVPL;
+  }
+  c.num_chunks = static_cast<int>((num_vec + c.G * c.vpl - 1) / (c.G * c.vpl));
+  return c;
+}
+
+int num_sms() {
+  int count = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount,
+                                        c10::cuda::current_device()));
+  return count;
+}
+
+// Rows longer than this go to a whole block. A single warp gathers ~5 GB/s,
+// the device ~4 TB/s: a row of E / 32768 edges then costs a warp about 2% of
+// the whole kernel, so anything longer is spread over a block.
+int64_t long_threshold(int64_t num_edges) {
+  return std::max<int64_t>(64, num_edges / 32768);
+}
+
+// Builds the work list of a persistent kernel; `storage` keeps it alive until
+// the launches that use it are enqueued (stream-ordered reuse afterwards).
+template <typename index_t>
+WorkList make_work_list(const index_t* ptr, int64_t num_rows, int64_t num_edges,
+                        at::Tensor& storage, const at::TensorOptions& options) {
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  storage = at::empty({num_rows + 3}, options.dtype(at::kLong));
+  WorkList wl;
+  wl.counters = reinterpret_cast<unsigned long long*>(storage.data_ptr<int64_t>());
+  wl.long_rows = storage.data_ptr<int64_t>() + 3;
+  wl.num_rows = num_rows;
+  wl.long_threshold = long_threshold(num_edges);
+  C10_CUDA_CHECK(cudaMemsetAsync(wl.counters, 0, 3 * sizeof(unsigned long long), stream));
+  const int blocks =
+      static_cast<int>(std::min<int64_t>((num_rows + kThreads - 1) / kThreads, num_sms() * 8LL));
+  if (blocks > 0) {
+    find_long_rows_kernel<index_t><<<blocks, kThreads, 0, stream>>>(
+        ptr, num_rows, num_edges, wl, storage.data_ptr<int64_t>() + 3);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  return wl;
+}
+
+// Resident blocks of a persistent kernel, no more than there is work for.
+template <typename Kernel>
+int persistent_grid(Kernel kernel, int64_t num_items, int G, size_t smem = 0) {
+  int per_sm = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+  const int64_t blocks = static_cast<int64_t>(std::max(per_sm, 1)) * num_sms();
+  const int64_t items_per_block = static_cast<int64_t>(kThreads / G) * kFetchRounds;
+  return static_cast<int>(
+      std::max<int64_t>(1, std::min(blocks, (num_items + items_per_block - 1) / items_per_block)));
+}
+
+}  // namespace
+}  // namespace pyg_multihead_agg

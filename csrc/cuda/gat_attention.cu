@@ -1,0 +1,654 @@
+// CUDA kernels of the fused GAT attention (docs/fused_attention.md): edge
+// softmax, Philox dropout and aggregation in one pass per destination row,
+// and the backward from the CSC with the attention recomputed from lse.
+//
+// Layout. Unlike multihead_spmm's kernels (one group of lanes per row, all
+// heads), a work item here is one (row, head) pair, handled by a group of G
+// lanes that owns that head's D features (16-byte vectors when D allows,
+// single elements otherwise; VPL vectors per lane). The softmax statistics of
+// a head are then a reduction over the group alone. Items are numbered
+// r * H + h, so the heads of one row go to neighbouring groups of a warp and
+// share its indices and scores in L1.
+//
+// Forward, per item (i, h): pass 1 over the row's edges, lanes striding over
+// edges, computes the exact row maximum and sum of exp (online, combined by a
+// butterfly) and so lse; pass 2 gathers x[j, h] with U edges in flight per
+// lane and weight exp(leaky_relu(z) - lse) * dropout mask. Rows longer than
+// the long-row threshold are processed by a whole block, head by head, with
+// the partial statistics and sums combined through shared memory in a fixed
+// order (deterministic).
+//
+// Backward, per item (j, h) of the CSC: x[j, h] is held in registers; for
+// each in-edge (i = row[k], e = perm[k]) the group gathers grad_out[i, h],
+// takes <grad_out[i, h], x[j, h]> by a butterfly, recomputes alpha and the
+// mask, and accumulates grad_x[j, h] and grad_s_src[j, h]; grad_z[e, h] goes
+// to an E x H buffer (written once per edge), from which a second small
+// kernel sums grad_s_dst over the CSR rows. No atomics; fixed order.
+#include <ATen/OpMathType.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <tuple>
+
+#include "../checks.h"
+#include "../philox.h"
+#include "common.cuh"
+#include "dispatch.cuh"
+
+namespace pyg_multihead_agg {
+namespace {
+
+template <typename T>
+__device__ __forceinline__ T exp_(T v) {
+  return exp(v);
+}
+template <>
+__device__ __forceinline__ float exp_(float v) {
+  return expf(v);
+}
+template <typename T>
+__device__ __forceinline__ T log_(T v) {
+  return log(v);
+}
+template <>
+__device__ __forceinline__ float log_(float v) {
+  return logf(v);
+}
+
+template <typename scalar_t, typename index_t>
+struct GatParams {
+  using acc_t = at::opmath_type<scalar_t>;
+  const index_t* ptr;        // rowptr (forward) or colptr (backward)
+  const index_t* idx;        // col (forward) or row (backward)
+  const index_t* perm;       // backward: edge id of each CSC entry
+  const scalar_t* s_src;     // [N_src, H]
+  const scalar_t* s_dst;     // [N_dst, H]
+  const scalar_t* s_edge;    // [E, H] or nullptr
+  const scalar_t* x;         // [N_src, H, D]
+  const scalar_t* grad_out;  // backward: [N_dst, H, D]
+  const acc_t* lse_in;       // backward: [N_dst, H]
+  const acc_t* delta;        // backward: [N_dst, H]
+  const acc_t* grad_lse;     // backward: [N_dst, H] or nullptr
+  scalar_t* out;             // forward: [N_dst, H, D]; backward: grad_x [N_src, H, D]
+  acc_t* lse_out;            // forward: [N_dst, H]
+  scalar_t* grad_s_src;      // backward: [N_src, H]
+  acc_t* grad_z;             // backward: [E, H]
+  int64_t num_rows, num_gathered, num_edges;  // compressed rows, gathered rows, E
+  int H, D, HD, G, num_chunks;
+  acc_t negative_slope, scale;  // scale: 1 / (1 - p) (0 for p == 1)
+  DropoutRng rng;
+};
+
+// The features of one head a lane owns in one chunk: v = chunk * G * VPL +
+// lane + G * k (in vectors), the first feature v * V within the head.
+template <int VPL>
+struct HeadLanes {
+  int feat[VPL];
+  bool valid[VPL];
+};
+
+template <int V, int VPL>
+__device__ __forceinline__ HeadLanes<VPL> head_lanes(int chunk, int lane, int G, int D) {
+  HeadLanes<VPL> m;
+#pragma unroll
+  for (int k = 0; k < VPL; ++k) {
+    m.feat[k] = (chunk * G * VPL + lane + G * k) * V;
+    m.valid[k] = m.feat[k] < D;
+  }
+  return m;
+}
+
+template <typename acc_t>
+__device__ __forceinline__ acc_t leaky(acc_t z, acc_t slope) {
+  return z > acc_t(0) ? z : z * slope;
+}
+
+// exp(a - m) for a running maximum m, with exp(-inf - -inf) taken as 0.
+template <typename acc_t>
+__device__ __forceinline__ acc_t exp_shift(acc_t a, acc_t m) {
+  return a == -std::numeric_limits<acc_t>::infinity() ? acc_t(0) : exp_(a - m);
+}
+
+// Merges the softmax statistics (max, sum of exp) of two edge sets.
+template <typename acc_t>
+__device__ __forceinline__ void merge_stats(acc_t& mx, acc_t& sum, acc_t omx, acc_t osum) {
+  const acc_t nm = mx > omx ? mx : omx;
+  sum = sum * exp_shift(mx, nm) + osum * exp_shift(omx, nm);
+  mx = nm;
+}
+
+template <typename acc_t>
+__device__ __forceinline__ acc_t stats_lse(acc_t mx, acc_t sum) {
+  return sum > acc_t(0) ? mx + log_(sum) : -std::numeric_limits<acc_t>::infinity();
+}
+
+// Softmax statistics of head h over edges lo + lane, lo + lane + stride, ...
+// of destination r (unrolled by 4 so that several col -> s_src chains are in
+// flight). Edges with an out-of-range source are skipped.
+template <typename scalar_t, typename index_t>
+__device__ __forceinline__ void row_stats(const GatParams<scalar_t, index_t>& p, int64_t r, int h,
+                                          int64_t lo, int64_t hi, int lane, int stride,
+                                          at::opmath_type<scalar_t>& mx,
+                                          at::opmath_type<scalar_t>& sum) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr int kU = 4;
+  const acc_t sd = load_value(p.s_dst + r * p.H + h);
+  mx = -std::numeric_limits<acc_t>::infinity();
+  sum = 0;
+  for (int64_t e0 = lo + lane; e0 < hi; e0 += static_cast<int64_t>(kU) * stride) {
+    acc_t l[kU];
+    bool ok[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t e = e0 + static_cast<int64_t>(u) * stride;
+      const int64_t j = e < hi ? load_index(p.idx + e) : -1;
+      ok[u] = e < hi && in_range(j, p.num_gathered);
+      acc_t z = ok[u] ? load_value(p.s_src + j * p.H + h) + sd : acc_t(0);
+      if (ok[u] && p.s_edge != nullptr) z += load_value(p.s_edge + e * p.H + h);
+      l[u] = leaky(z, p.negative_slope);
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+      if (ok[u]) merge_stats(mx, sum, l[u], acc_t(1));
+  }
+}
+
+template <typename acc_t>
+__device__ __forceinline__ void group_merge_stats(acc_t& mx, acc_t& sum, int G, unsigned mask) {
+  for (int off = G >> 1; off > 0; off >>= 1) {
+    const acc_t omx = __shfl_xor_sync(mask, mx, off), osum = __shfl_xor_sync(mask, sum, off);
+    merge_stats(mx, sum, omx, osum);
+  }
+}
+
+// Pass 2 of the forward for edges [lo, hi) of destination r, head h, one
+// feature chunk: acc = sum_e exp(l[e] - lse) * mask[e] * x[col[e], h, chunk].
+template <typename scalar_t, typename index_t, int V, int VPL>
+__device__ __forceinline__ void attend(at::opmath_type<scalar_t> (&acc)[VPL][V],
+                                       const GatParams<scalar_t, index_t>& p, int64_t r, int h,
+                                       int64_t lo, int64_t hi, at::opmath_type<scalar_t> lse,
+                                       const HeadLanes<VPL>& m) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr int U = kLoadsInFlight / VPL;
+  const acc_t sd = load_value(p.s_dst + r * p.H + h);
+  const scalar_t* xh = p.x + static_cast<int64_t>(h) * p.D;
+#pragma unroll
+  for (int k = 0; k < VPL; ++k)
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[k][v] = 0;
+  for (int64_t e0 = lo; e0 < hi; e0 += U) {
+    int64_t j[U];
+    bool ok[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const bool inside = e0 + u < hi;
+      j[u] = inside ? load_index(p.idx + e0 + u) : -1;
+      ok[u] = inside && in_range(j[u], p.num_gathered);
+    }
+    Vec<scalar_t, V> xv[U][VPL];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int k = 0; k < VPL; ++k)
+        xv[u][k] = (ok[u] && m.valid[k]) ? load_vec<scalar_t, V>(xh + j[u] * p.HD + m.feat[k])
+                                         : zero_vec<scalar_t, V>();
+    acc_t w[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      w[u] = 0;
+      if (ok[u]) {
+        acc_t z = load_value(p.s_src + j[u] * p.H + h) + sd;
+        if (p.s_edge != nullptr) z += load_value(p.s_edge + (e0 + u) * p.H + h);
+        w[u] = exp_(leaky(z, p.negative_slope) - lse);
+        if (p.rng.threshold != 0) w[u] *= p.rng.keep(e0 + u, h) ? p.scale : acc_t(0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int k = 0; k < VPL; ++k)
+#pragma unroll
+        for (int v = 0; v < V; ++v) acc[k][v] += w[u] * static_cast<acc_t>(xv[u][k].val[v]);
+  }
+}
+
+template <typename scalar_t, typename index_t, int V, int VPL>
+__global__ void __launch_bounds__(kThreads, 1)  // 2 spills for half types
+    gat_forward_kernel(const GatParams<scalar_t, index_t> p, const WorkList wl) {
+  using acc_t = at::opmath_type<scalar_t>;
+  __shared__ acc_t red[kThreads * VPL * V];
+  __shared__ acc_t s_mx[kThreads], s_sum[kThreads];
+  const int G = p.G, lane = threadIdx.x & (G - 1);
+  const int group = threadIdx.x / G, groups = kThreads / G;
+  const unsigned mask = group_mask(G);
+
+  auto short_item = [&](int64_t item, int64_t r, int64_t lo, int64_t hi) {
+    const int h = static_cast<int>(item - r * p.H);
+    acc_t mx, sum;
+    row_stats(p, r, h, lo, hi, lane, G, mx, sum);
+    group_merge_stats(mx, sum, G, mask);
+    const acc_t lse = stats_lse(mx, sum);
+    if (lane == 0) p.lse_out[r * p.H + h] = lse;
+    for (int chunk = 0; chunk < p.num_chunks; ++chunk) {
+      const auto m = head_lanes<V, VPL>(chunk, lane, G, p.D);
+      acc_t acc[VPL][V];
+      attend(acc, p, r, h, lo, hi, lse, m);
+#pragma unroll
+      for (int k = 0; k < VPL; ++k)
+        if (m.valid[k]) store_vec<scalar_t, V>(p.out + r * p.HD + h * p.D + m.feat[k], acc[k]);
+    }
+  };
+  // A long row: every head in turn with the whole block, each group on a
+  // contiguous slice of the edges.
+  auto long_row = [&](int64_t r, int64_t lo, int64_t hi) {
+    int64_t slo, shi;
+    group_slice(lo, hi, group, groups, slo, shi);
+    for (int h = 0; h < p.H; ++h) {
+      acc_t mx, sum;
+      row_stats(p, r, h, slo, shi, lane, G, mx, sum);
+      group_merge_stats(mx, sum, G, mask);
+      if (lane == 0) {
+        s_mx[group] = mx;
+        s_sum[group] = sum;
+      }
+      __syncthreads();
+      mx = s_mx[0];
+      sum = s_sum[0];
+      for (int g = 1; g < groups; ++g) merge_stats(mx, sum, s_mx[g], s_sum[g]);
+      const acc_t lse = stats_lse(mx, sum);
+      if (threadIdx.x == 0) p.lse_out[r * p.H + h] = lse;
+      for (int chunk = 0; chunk < p.num_chunks; ++chunk) {
+        const auto m = head_lanes<V, VPL>(chunk, lane, G, p.D);
+        acc_t acc[VPL][V];
+        attend(acc, p, r, h, slo, shi, lse, m);
+        block_reduce_store<scalar_t, acc_t, V, VPL>(red, acc, G, lane, chunk * G * VPL * V, p.D,
+                                                    p.out + r * p.HD + h * p.D);
+      }
+      __syncthreads();  // s_mx / s_sum are read before the next head writes them
+    }
+  };
+  for_each_work_item(p.ptr, p.num_edges, wl, G, p.H, short_item, long_row);
+}
+
+// Backward over the CSC entries [lo, hi) of source j, head h (x[j, h] in xr):
+// accumulates grad_x (acc) and grad_s_src (gsrc), writes grad_z[e, h].
+template <typename scalar_t, typename index_t, int V, int VPL>
+__device__ __forceinline__ void attend_backward(at::opmath_type<scalar_t> (&acc)[VPL][V],
+                                                at::opmath_type<scalar_t>& gsrc,
+                                                const GatParams<scalar_t, index_t>& p, int64_t j,
+                                                int h, int64_t lo, int64_t hi,
+                                                const Vec<scalar_t, V> (&xr)[VPL],
+                                                const HeadLanes<VPL>& m, int lane,
+                                                unsigned mask) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr int U = kLoadsInFlight / VPL;
+  const acc_t ss = load_value(p.s_src + j * p.H + h);
+  const scalar_t* gh = p.grad_out + static_cast<int64_t>(h) * p.D;
+#pragma unroll
+  for (int k = 0; k < VPL; ++k)
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[k][v] = 0;
+  gsrc = 0;
+  for (int64_t k0 = lo; k0 < hi; k0 += U) {
+    int64_t i[U], e[U];
+    bool ok[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const bool inside = k0 + u < hi;
+      i[u] = inside ? load_index(p.idx + k0 + u) : -1;
+      e[u] = inside ? load_index(p.perm + k0 + u) : -1;
+      ok[u] = inside && in_range(i[u], p.num_gathered) && in_range(e[u], p.num_edges);
+    }
+    Vec<scalar_t, V> gv[U][VPL];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int k = 0; k < VPL; ++k)
+        gv[u][k] = (ok[u] && m.valid[k]) ? load_vec<scalar_t, V>(gh + i[u] * p.HD + m.feat[k])
+                                         : zero_vec<scalar_t, V>();
+    acc_t z[U], lse[U], dl[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      z[u] = ss;
+      lse[u] = 0;
+      dl[u] = 0;
+      if (ok[u]) {
+        const int64_t ih = i[u] * p.H + h;
+        z[u] += load_value(p.s_dst + ih);
+        if (p.s_edge != nullptr) z[u] += load_value(p.s_edge + e[u] * p.H + h);
+        lse[u] = p.lse_in[ih];
+        dl[u] = p.delta[ih] - (p.grad_lse != nullptr ? p.grad_lse[ih] : acc_t(0));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (k0 + u >= hi) break;  // group-uniform: no shuffles for a partial step's padding
+      acc_t dot = 0;
+#pragma unroll
+      for (int k = 0; k < VPL; ++k)
+#pragma unroll
+        for (int v = 0; v < V; ++v)
+          dot += static_cast<acc_t>(gv[u][k].val[v]) * static_cast<acc_t>(xr[k].val[v]);
+      for (int off = p.G >> 1; off > 0; off >>= 1) dot += __shfl_xor_sync(mask, dot, off);
+      if (!ok[u]) continue;
+      const acc_t alpha = exp_(leaky(z[u], p.negative_slope) - lse[u]);
+      acc_t mk = 1;
+      if (p.rng.threshold != 0) mk = p.rng.keep(e[u], h) ? p.scale : acc_t(0);
+      const acc_t w = alpha * mk;
+#pragma unroll
+      for (int k = 0; k < VPL; ++k)
+#pragma unroll
+        for (int v = 0; v < V; ++v) acc[k][v] += w * static_cast<acc_t>(gv[u][k].val[v]);
+      const acc_t gz =
+          alpha * (mk * dot - dl[u]) * (z[u] > acc_t(0) ? acc_t(1) : p.negative_slope);
+      gsrc += gz;
+      if (lane == 0) p.grad_z[e[u] * p.H + h] = gz;
+    }
+  }
+}
+
+template <typename scalar_t, typename index_t, int V, int VPL>
+__global__ void __launch_bounds__(kThreads, 1)
+    gat_backward_kernel(const GatParams<scalar_t, index_t> p, const WorkList wl) {
+  using acc_t = at::opmath_type<scalar_t>;
+  __shared__ acc_t red[kThreads * VPL * V];
+  __shared__ acc_t s_gsrc[kThreads];
+  const int G = p.G, lane = threadIdx.x & (G - 1);
+  const int group = threadIdx.x / G, groups = kThreads / G;
+  const unsigned mask = group_mask(G);
+  const auto m = head_lanes<V, VPL>(0, lane, G, p.D);  // one chunk (checked on the host)
+
+  auto load_x = [&](int64_t j, int h, Vec<scalar_t, V>(&xr)[VPL]) {
+#pragma unroll
+    for (int k = 0; k < VPL; ++k)
+      xr[k] = m.valid[k] ? load_vec<scalar_t, V>(p.x + j * p.HD + h * p.D + m.feat[k])
+                         : zero_vec<scalar_t, V>();
+  };
+  auto short_item = [&](int64_t item, int64_t j, int64_t lo, int64_t hi) {
+    const int h = static_cast<int>(item - j * p.H);
+    Vec<scalar_t, V> xr[VPL];
+    load_x(j, h, xr);
+    acc_t acc[VPL][V], gsrc;
+    attend_backward(acc, gsrc, p, j, h, lo, hi, xr, m, lane, mask);
+#pragma unroll
+    for (int k = 0; k < VPL; ++k)
+      if (m.valid[k]) store_vec<scalar_t, V>(p.out + j * p.HD + h * p.D + m.feat[k], acc[k]);
+    if (lane == 0) p.grad_s_src[j * p.H + h] = static_cast<scalar_t>(gsrc);
+  };
+  auto long_col = [&](int64_t j, int64_t lo, int64_t hi) {
+    int64_t slo, shi;
+    group_slice(lo, hi, group, groups, slo, shi);
+    for (int h = 0; h < p.H; ++h) {
+      Vec<scalar_t, V> xr[VPL];
+      load_x(j, h, xr);
+      acc_t acc[VPL][V], gsrc;
+      attend_backward(acc, gsrc, p, j, h, slo, shi, xr, m, lane, mask);
+      if (lane == 0) s_gsrc[group] = gsrc;
+      block_reduce_store<scalar_t, acc_t, V, VPL>(red, acc, G, lane, 0, p.D,
+                                                  p.out + j * p.HD + h * p.D);
+      if (threadIdx.x == 0) {
+        acc_t s = 0;
+        for (int g = 0; g < groups; ++g) s += s_gsrc[g];
+        p.grad_s_src[j * p.H + h] = static_cast<scalar_t>(s);
+      }
+      __syncthreads();
+    }
+  };
+  for_each_work_item(p.ptr, p.num_edges, wl, G, p.H, short_item, long_col);
+}
+
+// grad_s_dst[i, h] = sum over the CSR row i of grad_z[e, h]: one warp per
+// (row, head), lanes over the edges, a butterfly at the end (fixed order).
+template <typename scalar_t, typename index_t, typename acc_t>
+__global__ void __launch_bounds__(kThreads)
+    row_sum_kernel(const index_t* __restrict__ rowptr, const acc_t* __restrict__ grad_z,
+                   scalar_t* __restrict__ grad_s_dst, int64_t num_rows, int64_t num_edges,
+                   int H) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kThreads / 32);
+  for (int64_t item = blockIdx.x * static_cast<int64_t>(kThreads / 32) + threadIdx.x / 32;
+       item < num_rows * H; item += warps) {
+    const int64_t i = item / H;
+    const int h = static_cast<int>(item - i * H);
+    int64_t lo, hi;
+    row_range(rowptr, i, num_edges, lo, hi);
+    acc_t s = 0;
+#pragma unroll 4
+    for (int64_t e = lo + lane; e < hi; e += 32) s += grad_z[e * H + h];
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+    if (lane == 0) grad_s_dst[item] = static_cast<scalar_t>(s);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Host side
+// ---------------------------------------------------------------------------
+
+// Lanes per head and vectors per lane for a head of D features.
+struct HeadConfig {
+  bool vectorised;
+  int G, vpl, num_chunks;
+};
+
+template <typename scalar_t>
+HeadConfig head_config(int64_t D, bool aligned) {
+  constexpr int kVec = vec_width<scalar_t>();
+  HeadConfig c;
+  c.vectorised = aligned && D % kVec == 0;
+  if (c.vectorised) {
+    const int64_t dv = D / kVec;
+    c.G = dv <= 32 ? next_pow2(dv) : 32;
+    c.vpl = dv <= 32 ? 1 : (dv <= 64 ? 2 : kMaxVPL);
+    c.num_chunks = static_cast<int>((dv + c.G * c.vpl - 1) / (c.G * c.vpl));
+  } else {  // single elements, 4 per lane
+    c.G = next_pow2((D + kMaxVPL - 1) / kMaxVPL);
+    c.vpl = kMaxVPL;
+    c.num_chunks = static_cast<int>((D + c.G * kMaxVPL - 1) / (c.G * kMaxVPL));
+  }
+  return c;
+}
+
+template <typename scalar_t, typename index_t>
+void launch_gat_forward(GatParams<scalar_t, index_t> p, const at::TensorOptions& options) {
+  constexpr int kVec = vec_width<scalar_t>();
+  const auto c = head_config<scalar_t>(p.D, is_aligned(p.x, 16) && is_aligned(p.out, 16));
+  p.G = c.G;
+  p.num_chunks = c.num_chunks;
+  at::Tensor storage;
+  const WorkList wl = make_work_list(p.ptr, p.num_rows, p.num_edges, storage, options);
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  auto launch = [&](auto kernel) {
+    kernel<<<persistent_grid(kernel, p.num_rows * p.H, p.G), kThreads, 0, stream>>>(p, wl);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  if (c.vectorised) {
+    VPL_SWITCH(c.vpl, kVPL, [&] { launch(gat_forward_kernel<scalar_t, index_t, kVec, kVPL>); });
+  } else {
+    launch(gat_forward_kernel<scalar_t, index_t, 1, kMaxVPL>);
+  }
+}
+
+template <typename scalar_t, typename index_t>
+void launch_gat_backward(GatParams<scalar_t, index_t> p, const at::TensorOptions& options) {
+  constexpr int kVec = vec_width<scalar_t>();
+  const auto c = head_config<scalar_t>(
+      p.D, is_aligned(p.x, 16) && is_aligned(p.out, 16) && is_aligned(p.grad_out, 16));
+  TORCH_CHECK(c.num_chunks <= 1, "gat_attention_backward: the CUDA kernel supports heads of at "
+              "most ", 32 * kMaxVPL * (c.vectorised ? kVec : 1), " channels for this dtype, got ",
+              p.D);
+  p.G = c.G;
+  p.num_chunks = 1;
+  at::Tensor storage;
+  const WorkList wl = make_work_list(p.ptr, p.num_rows, p.num_edges, storage, options);
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  auto launch = [&](auto kernel) {
+    kernel<<<persistent_grid(kernel, p.num_rows * p.H, p.G), kThreads, 0, stream>>>(p, wl);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  if (c.vectorised) {
+    VPL_SWITCH(c.vpl, kVPL, [&] { launch(gat_backward_kernel<scalar_t, index_t, kVec, kVPL>); });
+  } else {
+    launch(gat_backward_kernel<scalar_t, index_t, 1, kMaxVPL>);
+  }
+}
+
+DropoutRng make_rng(double dropout_p, const std::optional<at::Tensor>& philox) {
+  DropoutRng rng;
+  rng.threshold = dropout_threshold(dropout_p);
+  if (rng.threshold != 0) {
+    const auto key = philox->contiguous();
+    rng.seed = static_cast<uint64_t>(key.data_ptr<int64_t>()[0]);
+    rng.offset = static_cast<uint64_t>(key.data_ptr<int64_t>()[1]);
+  }
+  return rng;
+}
+
+template <typename acc_t>
+acc_t dropout_scale(double p) {
+  return p >= 1.0 ? acc_t(0) : static_cast<acc_t>(1.0 / (1.0 - p));
+}
+
+std::tuple<at::Tensor, at::Tensor> gat_attention_cuda(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& s_src,
+    const at::Tensor& s_dst, const std::optional<at::Tensor>& s_edge, const at::Tensor& x,
+    double negative_slope, double dropout_p, const std::optional<at::Tensor>& philox,
+    const std::optional<at::Tensor>& /*colptr*/, const std::optional<at::Tensor>& /*row*/,
+    const std::optional<at::Tensor>& /*perm*/) {
+  const auto s = check_gat_attention(rowptr, col, s_src, s_dst, s_edge, x, dropout_p, philox);
+  TORCH_CHECK(x.is_cuda(), "x must be a CUDA tensor for the CUDA kernel");
+  const c10::cuda::CUDAGuard guard(x.device());
+  TORCH_CHECK(s.H * s.D <= INT_MAX, "heads * channels must be below 2^31");
+  const auto lse_dtype = at::toOpMathType(x.scalar_type());
+  if (s.N_dst == 0 || s.H == 0 || s.E == 0) {
+    return {at::zeros({s.N_dst, s.H, s.D}, x.options()),
+            at::full({s.N_dst, s.H}, -std::numeric_limits<double>::infinity(),
+                     x.options().dtype(lse_dtype))};
+  }
+  // Every row is written by the kernel (rows without edges get zeros, -inf).
+  auto out = at::empty({s.N_dst, s.H, s.D}, x.options());
+  auto lse = at::empty({s.N_dst, s.H}, x.options().dtype(lse_dtype));
+  const auto rowptr_c = rowptr.contiguous(), col_c = col.contiguous();
+  const auto src_c = s_src.contiguous(), dst_c = s_dst.contiguous(), x_c = x.contiguous();
+  const bool has_edge = s_edge.has_value() && s_edge->defined();
+  const auto edge_c = has_edge ? s_edge->contiguous() : at::Tensor();
+  FLOAT_SWITCH(x.scalar_type(), "gat_attention", [&] {
+    INDEX_SWITCH(rowptr.scalar_type(), "gat_attention", [&] {
+      using acc_t = at::opmath_type<scalar_t>;
+      GatParams<scalar_t, index_t> p{};
+      p.ptr = rowptr_c.data_ptr<index_t>();
+      p.idx = col_c.data_ptr<index_t>();
+      p.s_src = src_c.data_ptr<scalar_t>();
+      p.s_dst = dst_c.data_ptr<scalar_t>();
+      p.s_edge = has_edge ? edge_c.data_ptr<scalar_t>() : nullptr;
+      p.x = x_c.data_ptr<scalar_t>();
+      p.out = out.data_ptr<scalar_t>();
+      p.lse_out = lse.data_ptr<acc_t>();
+      p.num_rows = s.N_dst;
+      p.num_gathered = s.N_src;
+      p.num_edges = s.E;
+      p.H = static_cast<int>(s.H);
+      p.D = static_cast<int>(s.D);
+      p.HD = static_cast<int>(s.H * s.D);
+      p.negative_slope = static_cast<acc_t>(negative_slope);
+      p.scale = dropout_scale<acc_t>(dropout_p);
+      p.rng = make_rng(dropout_p, philox);
+      launch_gat_forward(p, rowptr.options());
+    });
+  });
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backward_cuda(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
+    const at::Tensor& row, const at::Tensor& perm, const at::Tensor& s_src,
+    const at::Tensor& s_dst, const std::optional<at::Tensor>& s_edge, const at::Tensor& x,
+    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out,
+    const std::optional<at::Tensor>& grad_lse, double negative_slope, double dropout_p,
+    const std::optional<at::Tensor>& philox) {
+  const auto s = check_gat_attention_backward(rowptr, col, colptr, row, perm, s_src, s_dst,
+                                              s_edge, x, out, lse, grad_out, grad_lse, dropout_p,
+                                              philox);
+  TORCH_CHECK(x.is_cuda(), "x must be a CUDA tensor for the CUDA kernel");
+  const c10::cuda::CUDAGuard guard(x.device());
+  const bool has_edge = s_edge.has_value() && s_edge->defined();
+  const auto acc_dtype = at::toOpMathType(x.scalar_type());
+  if (s.E == 0 || s.H == 0 || s.N_dst == 0 || s.N_src == 0) {
+    return {at::zeros({s.N_src, s.H, s.D}, x.options()), at::zeros({s.N_src, s.H}, x.options()),
+            at::zeros({s.N_dst, s.H}, x.options()),
+            at::zeros({has_edge ? s.E : 0, s.H}, x.options())};
+  }
+  // The kernels write every source's and every row's gradient; grad_z is
+  // zero-filled so that a CSC whose perm misses edges leaves zeros.
+  auto grad_x = at::empty({s.N_src, s.H, s.D}, x.options());
+  auto grad_src = at::empty({s.N_src, s.H}, x.options());
+  auto grad_dst = at::empty({s.N_dst, s.H}, x.options());
+  auto grad_z = at::zeros({s.E, s.H}, x.options().dtype(acc_dtype));
+  const auto go = grad_out.contiguous(), out_c = out.contiguous();
+  const auto delta = go.to(acc_dtype).mul(out_c.to(acc_dtype)).sum(-1).contiguous();
+  const auto lse_c = lse.contiguous();
+  const bool has_glse = grad_lse.has_value() && grad_lse->defined();
+  const auto glse_c = has_glse ? grad_lse->contiguous() : at::Tensor();
+  const auto rowptr_c = rowptr.contiguous(), colptr_c = colptr.contiguous();
+  const auto row_c = row.contiguous(), perm_c = perm.contiguous();
+  const auto src_c = s_src.contiguous(), dst_c = s_dst.contiguous(), x_c = x.contiguous();
+  const auto edge_c = has_edge ? s_edge->contiguous() : at::Tensor();
+  FLOAT_SWITCH(x.scalar_type(), "gat_attention_backward", [&] {
+    INDEX_SWITCH(rowptr.scalar_type(), "gat_attention_backward", [&] {
+      using acc_t = at::opmath_type<scalar_t>;
+      GatParams<scalar_t, index_t> p{};
+      p.ptr = colptr_c.data_ptr<index_t>();
+      p.idx = row_c.data_ptr<index_t>();
+      p.perm = perm_c.data_ptr<index_t>();
+      p.s_src = src_c.data_ptr<scalar_t>();
+      p.s_dst = dst_c.data_ptr<scalar_t>();
+      p.s_edge = has_edge ? edge_c.data_ptr<scalar_t>() : nullptr;
+      p.x = x_c.data_ptr<scalar_t>();
+      p.grad_out = go.data_ptr<scalar_t>();
+      p.lse_in = lse_c.data_ptr<acc_t>();
+      p.delta = delta.data_ptr<acc_t>();
+      p.grad_lse = has_glse ? glse_c.data_ptr<acc_t>() : nullptr;
+      p.out = grad_x.data_ptr<scalar_t>();
+      p.grad_s_src = grad_src.data_ptr<scalar_t>();
+      p.grad_z = grad_z.data_ptr<acc_t>();
+      p.num_rows = s.N_src;
+      p.num_gathered = s.N_dst;
+      p.num_edges = s.E;
+      p.H = static_cast<int>(s.H);
+      p.D = static_cast<int>(s.D);
+      p.HD = static_cast<int>(s.H * s.D);
+      p.negative_slope = static_cast<acc_t>(negative_slope);
+      p.scale = dropout_scale<acc_t>(dropout_p);
+      p.rng = make_rng(dropout_p, philox);
+      launch_gat_backward(p, colptr.options());
+      const int64_t warps = s.N_dst * s.H;
+      const int blocks = static_cast<int>(
+          std::min<int64_t>((warps + kThreads / 32 - 1) / (kThreads / 32), num_sms() * 16LL));
+      row_sum_kernel<scalar_t, index_t, acc_t><<<blocks, kThreads, 0,
+                                                 c10::cuda::getCurrentCUDAStream()>>>(
+          rowptr_c.data_ptr<index_t>(), grad_z.data_ptr<acc_t>(), grad_dst.data_ptr<scalar_t>(),
+          s.N_dst, s.E, p.H);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  });
+  auto grad_edge = has_edge ? grad_z.to(x.scalar_type()) : at::empty({0, s.H}, x.options());
+  return {grad_x, grad_src, grad_dst, grad_edge};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(pyg_multihead_agg, CUDA, m) {
+  m.impl("gat_attention", &gat_attention_cuda);
+  m.impl("gat_attention_backward", &gat_attention_backward_cuda);
+}
+
+}  // namespace pyg_multihead_agg
