@@ -413,7 +413,8 @@ def test_dropout_extremes(dropout, device):
     inp = make_inputs(CASES[0], torch.float64, device=device, seed=6, requires_grad=True)
     out, lse = run_op(inp, dropout=dropout, philox=PHILOX)
     ref_out, ref_lse = run_reference(inp, dropout=dropout, philox=PHILOX)
-    assert rel_error(out, ref_out) <= TOLERANCE[torch.float64]
+    # The scale 1 / (1 - 1e-12) adds a rounding per edge on top of the softmax.
+    assert rel_error(out, ref_out) <= 2 * TOLERANCE[torch.float64]
     assert_lse_close(lse, ref_lse, torch.float64)
     if dropout == 1.0:
         assert (out == 0).all()
@@ -513,7 +514,8 @@ def test_backward_only_requested_grad(need, device):
     for name in ("x", "s_src", "s_dst", "s_edge"):
         assert (getattr(inp, name).grad is not None) == (name == need), name
     i = ["x", "s_src", "s_dst", "s_edge"].index(need)
-    leaves = [t.detach().requires_grad_() for t in inp.floats()]
+    # The reference computes on the CPU: its leaves must live there.
+    leaves = [t.detach().cpu().requires_grad_() for t in inp.floats()]
     ref_out, ref_lse = reference_gat_attention(inp.rowptr, inp.col, leaves[1], leaves[2],
                                                leaves[0], s_edge=leaves[3], dropout=0.5,
                                                philox=PHILOX)

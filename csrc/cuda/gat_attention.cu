@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <limits>
 #include <tuple>
+#include <type_traits>
 
 #include "../checks.h"
 #include "../philox.h"
@@ -163,6 +164,26 @@ __device__ __forceinline__ void row_stats(const GatParams<scalar_t, index_t>& p,
   }
 }
 
+// <a, b> over one head's features: each lane's vectors in (k, v) order, then
+// a butterfly over the group. The backward's per-edge dot and delta use this
+// same function, so for a row with a single edge (alpha = 1, out = x[j])
+// delta equals the dot bit for bit and the score gradients are exactly 0,
+// as in the reference.
+template <typename scalar_t, int V, int VPL>
+__device__ __forceinline__ at::opmath_type<scalar_t> head_dot(const Vec<scalar_t, V> (&a)[VPL],
+                                                              const Vec<scalar_t, V> (&b)[VPL],
+                                                              int G, unsigned mask) {
+  using acc_t = at::opmath_type<scalar_t>;
+  acc_t dot = 0;
+#pragma unroll
+  for (int k = 0; k < VPL; ++k)
+#pragma unroll
+    for (int v = 0; v < V; ++v)
+      dot += static_cast<acc_t>(a[k].val[v]) * static_cast<acc_t>(b[k].val[v]);
+  for (int off = G >> 1; off > 0; off >>= 1) dot += __shfl_xor_sync(mask, dot, off);
+  return dot;
+}
+
 template <typename acc_t>
 __device__ __forceinline__ void group_merge_stats(acc_t& mx, acc_t& sum, int G, unsigned mask) {
   for (int off = G >> 1; off > 0; off >>= 1) {
@@ -222,8 +243,15 @@ __device__ __forceinline__ void attend(at::opmath_type<scalar_t> (&acc)[VPL][V],
   }
 }
 
+// Two blocks per SM (at most 128 registers) for float32, which ptxas fits
+// without spilling; one for the others, which would spill.
+template <typename scalar_t>
+constexpr int forward_min_blocks() {
+  return std::is_same<scalar_t, float>::value ? 2 : 1;
+}
+
 template <typename scalar_t, typename index_t, int V, int VPL>
-__global__ void __launch_bounds__(kThreads, 1)  // 2 spills for half types
+__global__ void __launch_bounds__(kThreads, forward_min_blocks<scalar_t>())
     gat_forward_kernel(const GatParams<scalar_t, index_t> p, const WorkList wl) {
   using acc_t = at::opmath_type<scalar_t>;
   __shared__ acc_t red[kThreads * VPL * V];
@@ -333,13 +361,7 @@ __device__ __forceinline__ void attend_backward(at::opmath_type<scalar_t> (&acc)
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (k0 + u >= hi) break;  // group-uniform: no shuffles for a partial step's padding
-      acc_t dot = 0;
-#pragma unroll
-      for (int k = 0; k < VPL; ++k)
-#pragma unroll
-        for (int v = 0; v < V; ++v)
-          dot += static_cast<acc_t>(gv[u][k].val[v]) * static_cast<acc_t>(xr[k].val[v]);
-      for (int off = p.G >> 1; off > 0; off >>= 1) dot += __shfl_xor_sync(mask, dot, off);
+      const acc_t dot = head_dot<scalar_t, V, VPL>(gv[u], xr, p.G, mask);
       if (!ok[u]) continue;
       const acc_t alpha = exp_(leaky(z[u], p.negative_slope) - lse[u]);
       acc_t mk = 1;
@@ -405,6 +427,33 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
   for_each_work_item(p.ptr, p.num_edges, wl, G, p.H, short_item, long_col);
+}
+
+// delta[i, h] = <grad_out[i, h, :], out[i, h, :]>, one group per (row, head)
+// with the lane layout of the backward kernel (see head_dot).
+template <typename scalar_t, typename index_t, int V, int VPL>
+__global__ void __launch_bounds__(kThreads)
+    gat_delta_kernel(const GatParams<scalar_t, index_t> p, const scalar_t* __restrict__ out,
+                     at::opmath_type<scalar_t>* __restrict__ delta) {
+  const int G = p.G, lane = threadIdx.x & (G - 1);
+  const unsigned mask = group_mask(G);
+  const auto m = head_lanes<V, VPL>(0, lane, G, p.D);
+  const int64_t groups = static_cast<int64_t>(gridDim.x) * (kThreads / G);
+  const int64_t num_items = p.num_gathered * p.H;  // destination rows x heads
+  for (int64_t item = blockIdx.x * static_cast<int64_t>(kThreads / G) + threadIdx.x / G;
+       item < num_items; item += groups) {  // the bound is group-uniform
+    const int64_t offset = item * p.D;  // [i, h, 0] of a [N_dst, H, D] tensor
+    Vec<scalar_t, V> g[VPL], o[VPL];
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      g[k] = m.valid[k] ? load_vec<scalar_t, V>(p.grad_out + offset + m.feat[k])
+                        : zero_vec<scalar_t, V>();
+      o[k] = m.valid[k] ? load_vec<scalar_t, V>(out + offset + m.feat[k])
+                        : zero_vec<scalar_t, V>();
+    }
+    const auto d = head_dot<scalar_t, V, VPL>(g, o, G, mask);
+    if (lane == 0) delta[item] = d;
+  }
 }
 
 // grad_s_dst[i, h] = sum over the CSR row i of grad_z[e, h]: one warp per
@@ -478,11 +527,14 @@ void launch_gat_forward(GatParams<scalar_t, index_t> p, const at::TensorOptions&
   }
 }
 
+// delta (from out and grad_out), then the CSC pass; both with one lane layout.
 template <typename scalar_t, typename index_t>
-void launch_gat_backward(GatParams<scalar_t, index_t> p, const at::TensorOptions& options) {
+void launch_gat_backward(GatParams<scalar_t, index_t> p, const scalar_t* out,
+                         at::opmath_type<scalar_t>* delta, const at::TensorOptions& options) {
   constexpr int kVec = vec_width<scalar_t>();
   const auto c = head_config<scalar_t>(
-      p.D, is_aligned(p.x, 16) && is_aligned(p.out, 16) && is_aligned(p.grad_out, 16));
+      p.D, is_aligned(p.x, 16) && is_aligned(p.out, 16) && is_aligned(p.grad_out, 16) &&
+               is_aligned(out, 16));
   TORCH_CHECK(c.num_chunks <= 1, "gat_attention_backward: the CUDA kernel supports heads of at "
               "most ", 32 * kMaxVPL * (c.vectorised ? kVec : 1), " channels for this dtype, got ",
               p.D);
@@ -491,14 +543,25 @@ void launch_gat_backward(GatParams<scalar_t, index_t> p, const at::TensorOptions
   at::Tensor storage;
   const WorkList wl = make_work_list(p.ptr, p.num_rows, p.num_edges, storage, options);
   auto stream = c10::cuda::getCurrentCUDAStream();
-  auto launch = [&](auto kernel) {
+  const int64_t delta_items = p.num_gathered * p.H;
+  const int delta_blocks = static_cast<int>(std::max<int64_t>(
+      1, std::min<int64_t>((delta_items + kThreads / p.G - 1) / (kThreads / p.G),
+                           num_sms() * 32LL)));
+  auto launch = [&](auto delta_kernel, auto kernel) {
+    delta_kernel<<<delta_blocks, kThreads, 0, stream>>>(p, out, delta);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    p.delta = delta;
     kernel<<<persistent_grid(kernel, p.num_rows * p.H, p.G), kThreads, 0, stream>>>(p, wl);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
   if (c.vectorised) {
-    VPL_SWITCH(c.vpl, kVPL, [&] { launch(gat_backward_kernel<scalar_t, index_t, kVec, kVPL>); });
+    VPL_SWITCH(c.vpl, kVPL, [&] {
+      launch(gat_delta_kernel<scalar_t, index_t, kVec, kVPL>,
+             gat_backward_kernel<scalar_t, index_t, kVec, kVPL>);
+    });
   } else {
-    launch(gat_backward_kernel<scalar_t, index_t, 1, kMaxVPL>);
+    launch(gat_delta_kernel<scalar_t, index_t, 1, kMaxVPL>,
+           gat_backward_kernel<scalar_t, index_t, 1, kMaxVPL>);
   }
 }
 
@@ -594,7 +657,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backwar
   auto grad_dst = at::empty({s.N_dst, s.H}, x.options());
   auto grad_z = at::zeros({s.E, s.H}, x.options().dtype(acc_dtype));
   const auto go = grad_out.contiguous(), out_c = out.contiguous();
-  const auto delta = go.to(acc_dtype).mul(out_c.to(acc_dtype)).sum(-1).contiguous();
+  auto delta = at::empty({s.N_dst, s.H}, x.options().dtype(acc_dtype));
   const auto lse_c = lse.contiguous();
   const bool has_glse = grad_lse.has_value() && grad_lse->defined();
   const auto glse_c = has_glse ? grad_lse->contiguous() : at::Tensor();
@@ -615,7 +678,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backwar
       p.x = x_c.data_ptr<scalar_t>();
       p.grad_out = go.data_ptr<scalar_t>();
       p.lse_in = lse_c.data_ptr<acc_t>();
-      p.delta = delta.data_ptr<acc_t>();
       p.grad_lse = has_glse ? glse_c.data_ptr<acc_t>() : nullptr;
       p.out = grad_x.data_ptr<scalar_t>();
       p.grad_s_src = grad_src.data_ptr<scalar_t>();
@@ -629,7 +691,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backwar
       p.negative_slope = static_cast<acc_t>(negative_slope);
       p.scale = dropout_scale<acc_t>(dropout_p);
       p.rng = make_rng(dropout_p, philox);
-      launch_gat_backward(p, colptr.options());
+      launch_gat_backward(p, out_c.data_ptr<scalar_t>(), delta.data_ptr<acc_t>(),
+                          colptr.options());
       const int64_t warps = s.N_dst * s.H;
       const int blocks = static_cast<int>(
           std::min<int64_t>((warps + kThreads / 32 - 1) / (kThreads / 32), num_sms() * 16LL));
