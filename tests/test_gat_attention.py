@@ -118,10 +118,10 @@ def as_grads(grads, like):
     return [torch.zeros_like(t) if g is None else g for g, t in zip(grads, like, strict=True)]
 
 
-def assert_grads_close(grads, ref_grads, dtype, names):
+def assert_grads_close(grads, ref_grads, dtype, names, factor=1):
     for g, r, name in zip(grads, ref_grads, names, strict=True):
         assert g.dtype == dtype, (name, g.dtype)
-        tol = TOLERANCE[dtype] * (1 if name == "x" else S_GRAD_FACTOR[dtype])
+        tol = factor * TOLERANCE[dtype] * (1 if name == "x" else S_GRAD_FACTOR[dtype])
         err = rel_error(g, r)
         assert err <= tol, f"grad {name}: relative error {err:.3g} > {tol:.3g}"
 
@@ -421,7 +421,7 @@ def test_dropout_extremes(dropout, device):
     grad_out, grad_lse = torch.randn_like(out), torch.randn_like(lse)
     grads = torch.autograd.grad((out, lse), inp.floats(), (grad_out, grad_lse))
     ref = reference_grads(inp, grad_out, grad_lse, dropout=dropout, philox=PHILOX)
-    assert_grads_close(grads, ref, torch.float64, grad_names(inp))
+    assert_grads_close(grads, ref, torch.float64, grad_names(inp), factor=2)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -1,0 +1,77 @@
+"""Where a GAT layer's forward + backward spends its GPU time: torch.profiler's
+per-kernel totals for our GATConv (fused attention and, for comparison, the
+unfused path) on the benchmark graphs, the layer of bench_layer.py
+(F_in = 128, one self-loop per node, float32).
+
+    python benchmarks/profile_layer.py --device cuda --shapes products-like,reddit-like
+
+Prints one Markdown table per (shape, variant): the kernels by total CUDA
+time over the profiled steps, and the step's wall time.
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from graphs import make_graph  # noqa: E402
+
+from pyg_multihead_agg.nn import GATConv  # noqa: E402
+
+IN_CHANNELS = 128
+
+
+def profile_step(layer: torch.nn.Module, x, adj, grad, steps: int, top: int, title: str) -> None:
+    params = list(layer.parameters())
+
+    def step():
+        out = layer(x, adj)
+        return torch.autograd.grad(out, params, grad)
+    for _ in range(2):  # warm-up: caches, allocator
+        step()
+    torch.cuda.synchronize(x.device)
+    t = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize(x.device)
+    wall = (time.perf_counter() - t) * 1e3 / steps
+    print(f"\n### {title}, {wall:.1f} ms per step (under the profiler)\n")
+    print("| kernel | total ms per step | calls per step |\n|---|---|---|")
+    events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    events.sort(key=lambda e: e.device_time_total, reverse=True)
+    for e in events[:top]:
+        print(f"| `{e.key[:90]}` | {e.device_time_total / 1e3 / steps:.2f} | "
+              f"{e.count // steps} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--shapes", default="products-like,reddit-like")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--top", type=int, default=12)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    for shape in args.shapes.split(","):
+        g = make_graph(shape, device=device, self_loops=True)
+        n = g.num_nodes
+        adj = torch.sparse_csr_tensor(g.rowptr, g.col, torch.ones(g.num_edges, device=device),
+                                      (n, n), check_invariants=False)
+        x = torch.randn(n, IN_CHANNELS, device=device)
+        grad = torch.randn(n, g.heads * g.channels, device=device)
+        for fused in (True, False):
+            torch.manual_seed(0)
+            layer = GATConv(IN_CHANNELS, g.channels, heads=g.heads, add_self_loops=False,
+                            fused_attention=fused).to(device)
+            name = "fused attention" if fused else "unfused (PyG softmax + multihead_spmm)"
+            profile_step(layer, x, adj, grad, args.steps, args.top, f"{g!r}: {name}")
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
