@@ -72,6 +72,21 @@ struct DropoutRng {
                                     static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
     return static_cast<uint64_t>(r.v[h & 3]) >= threshold;
   }
+
+  // keep(e, 4 * h4 + t) as bit t, t < 4, from one Philox call: a caller that
+  // walks the heads of an edge in order draws once per four heads.
+  PMA_HOST_DEVICE unsigned keep4(int64_t e, int64_t h4) const {
+    if (threshold == 0) return 0xFu;
+    const uint64_t ue = static_cast<uint64_t>(e);
+    const uint64_t c = offset + static_cast<uint64_t>(h4);
+    const Philox4 r = philox4x32_10(static_cast<uint32_t>(ue), static_cast<uint32_t>(ue >> 32),
+                                    static_cast<uint32_t>(c), static_cast<uint32_t>(c >> 32),
+                                    static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+    unsigned bits = 0;
+    for (int t = 0; t < 4; ++t)
+      bits |= static_cast<unsigned>(static_cast<uint64_t>(r.v[t]) >= threshold) << t;
+    return bits;
+  }
 };
 
 // threshold for dropout probability p in [0, 1].

@@ -160,10 +160,12 @@ std::tuple<at::Tensor, at::Tensor> gat_attention_cpu(
           for (int64_t e = lo; e < hi; ++e) {
             const int64_t j = cp[e];
             const scalar_t* xr = xp + j * HD;
+            unsigned kept = 0;  // dropout bits of heads h .. h + 3 (one Philox call)
             for (int64_t h = 0; h < H; ++h) {
               const acc_t p = std::exp(logit(e, j, h) - row_max[h]);
               row_sum[h] += p;
-              if (!rng.keep(e, h)) continue;
+              if ((h & 3) == 0) kept = rng.keep4(e, h >> 2);
+              if (!((kept >> (h & 3)) & 1u)) continue;
               const acc_t w = p * keep_scale;
               acc_t* a = acc.data() + h * D;
               const scalar_t* xh = xr + h * D;
@@ -275,13 +277,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backwar
             gat_check_index_value(i, N_dst, "row", k);
             gat_check_index_value(e, E, "perm", k);
             const scalar_t* g = gop + static_cast<int64_t>(i) * HD;
+            unsigned kept = 0;  // dropout bits of heads h .. h + 3 (one Philox call)
             for (int64_t h = 0; h < H; ++h) {
+              if ((h & 3) == 0) kept = rng.keep4(e, h >> 2);
               acc_t z = src[h] + static_cast<acc_t>(sdp[i * H + h]);
               if (has_edge) z += static_cast<acc_t>(sep[e * H + h]);
               const acc_t alpha = std::exp(leaky_relu(z, slope) - lp[i * H + h]);
               // m * dot; 0 for a dropped element (whose dot is not needed).
               acc_t m_dot = 0;
-              if (rng.keep(e, h)) {
+              if ((kept >> (h & 3)) & 1u) {
                 const acc_t w = alpha * keep_scale;  // alpha * m
                 const scalar_t* gh = g + h * D;
                 const scalar_t* xh = xr + h * D;
