@@ -5,7 +5,8 @@
 # call cut short still returns what finished:
 #   $OUT/tests.log  $OUT/run.log  $OUT/results.tar (benchmark JSON/MD/PNG, logs)
 #   scripts/gpu_check.sh STEPS [pytest args; default: tests -m "not slow"]
-# STEPS: a comma-separated list of tests, ops, cora, layer, sanitize, or
+# STEPS: a comma-separated list of tests, props (the property tests with the
+# larger "gpu" hypothesis profile), ops, cora, layer, profile, sanitize, or
 # "bench" (= ops,cora,layer) or "all" (= tests,ops,cora,layer).
 #   (env: STEP_LIMIT_* seconds per step, OPS_ARGS / LAYER_ARGS, CORA_RUNS,
 #    SANITIZE_TOOLS)
@@ -39,6 +40,14 @@ if has tests; then
     -q -rs -p no:cacheprovider --timeout 120 > "$OUT/tests.log" 2>&1 || rc=$?
   tail -15 "$OUT/tests.log" | tee -a "$LOG"
 fi
+if has props; then
+  step props
+  HYPOTHESIS_PROFILE=gpu timeout "${STEP_LIMIT_PROPS:-240}" python3 -m pytest \
+    tests/test_properties.py -k cuda -q -p no:cacheprovider > "$RES/props_gpu_profile.log" 2>&1 \
+    || rc=$?
+  tail -3 "$RES/props_gpu_profile.log" | tee -a "$LOG"
+  pack
+fi
 if has ops; then
   step bench_ops
   timeout "${STEP_LIMIT_OPS:-150}" python3 benchmarks/bench_ops.py --device cuda --out "$RES" \
@@ -62,6 +71,12 @@ if has layer; then
   step bench_layer
   timeout "${STEP_LIMIT_LAYER:-150}" python3 benchmarks/bench_layer.py --device cuda --out "$RES" \
     ${LAYER_ARGS:-} >> "$LOG" 2>&1 || rc=$?
+  pack
+fi
+if has profile; then
+  step profile_layer
+  timeout "${STEP_LIMIT_PROFILE:-120}" python3 benchmarks/profile_layer.py --device cuda \
+    > "$RES/profile_layer.md" 2>&1 || rc=$?
   pack
 fi
 if has sanitize; then
