@@ -334,7 +334,7 @@ def _gat_backward(ctx, grad_out, grad_lse):
         grad_out = torch.zeros_like(out)
     grad_x, grad_src, grad_dst, grad_edge = _ops.gat_attention_backward(
         rowptr, col, colptr, row, perm, s_src, s_dst, s_edge, x, out, lse,
-        grad_out.contiguous(), grad_lse, ctx.negative_slope, ctx.dropout_p, philox)
+        grad_out, grad_lse, ctx.negative_slope, ctx.dropout_p, philox)
     return (None, None, grad_src, grad_dst, grad_edge if s_edge is not None else None, grad_x,
             None, None, None, None, None, None)
 

@@ -32,39 +32,10 @@
 
 #include "../checks.h"
 #include "../philox.h"
+#include "graph_checks.h"
 
 namespace pyg_multihead_agg {
 namespace {
-
-// Rows per task: about 32K multiply-adds per chunk (as in multihead_spmm.cpp).
-int64_t gat_grain_size(int64_t num_rows, int64_t edges, int64_t row_width) {
-  const int64_t per_row =
-      std::max<int64_t>(1, (edges / std::max<int64_t>(num_rows, 1)) * std::max<int64_t>(row_width, 1));
-  return std::max<int64_t>(1, 32768 / per_row);
-}
-
-// The graph checks of multihead_spmm.cpp (kept separate so that the two files
-// stay independent).
-template <typename index_t>
-void gat_check_range(index_t begin, index_t end, int64_t num_edges, const char* ptr_name,
-                     int64_t i) {
-  TORCH_CHECK(0 <= begin && begin <= end && end <= num_edges, ptr_name,
-              " must be non-decreasing with values in [0, ", num_edges, "], got ", ptr_name, "[",
-              i, "] = ", begin, " and ", ptr_name, "[", i + 1, "] = ", end);
-}
-
-template <typename index_t>
-void gat_check_ends(const index_t* ptr, int64_t num_rows, int64_t num_edges, const char* ptr_name,
-                    const char* idx_name) {
-  TORCH_CHECK(ptr[0] == 0 && ptr[num_rows] == num_edges, ptr_name,
-              " must start at 0 and end at ", idx_name, ".numel() (", num_edges, "), got ",
-              ptr_name, "[0] = ", ptr[0], " and ", ptr_name, "[-1] = ", ptr[num_rows]);
-}
-
-template <typename index_t>
-void gat_check_index_value(index_t v, int64_t bound, const char* name, int64_t e) {
-  TORCH_CHECK(0 <= v && v < bound, name, "[", e, "] = ", v, " is out of range [0, ", bound, ")");
-}
 
 // The dropout generator and the scale of a kept element, 1 / (1 - p) (0 when
 // p == 1, where nothing is kept).
@@ -124,13 +95,13 @@ std::tuple<at::Tensor, at::Tensor> gat_attention_cpu(
       const acc_t slope = static_cast<acc_t>(negative_slope);
       const acc_t keep_scale = static_cast<acc_t>(dropout.keep_scale);
       const DropoutRng rng = dropout.rng;
-      gat_check_ends(rp, N_dst, E, "rowptr", "col");
+      cpu::check_ends(rp, N_dst, E, "rowptr", "col");
 
-      at::parallel_for(0, N_dst, gat_grain_size(N_dst, E, HD), [&](int64_t begin, int64_t end) {
+      at::parallel_for(0, N_dst, cpu::grain_size(N_dst, E, HD), [&](int64_t begin, int64_t end) {
         std::vector<acc_t> acc(HD), row_max(H), row_sum(H), dst(H);
         for (int64_t i = begin; i < end; ++i) {
           const index_t lo = rp[i], hi = rp[i + 1];
-          gat_check_range(lo, hi, E, "rowptr", i);
+          cpu::check_range(lo, hi, E, "rowptr", i);
           scalar_t* o = op + i * HD;
           acc_t* l_out = lp + i * H;
           if (lo == hi) {  // no edges: out = 0, lse = -inf
@@ -150,7 +121,7 @@ std::tuple<at::Tensor, at::Tensor> gat_attention_cpu(
           std::fill(row_max.begin(), row_max.end(), -std::numeric_limits<acc_t>::infinity());
           for (int64_t e = lo; e < hi; ++e) {
             const index_t j = cp[e];
-            gat_check_index_value(j, N_src, "col", e);
+            cpu::check_index_value(j, N_src, "col", e);
             for (int64_t h = 0; h < H; ++h) row_max[h] = std::max(row_max[h], logit(e, j, h));
           }
 
@@ -244,14 +215,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backwar
       const acc_t slope = static_cast<acc_t>(negative_slope);
       const acc_t keep_scale = static_cast<acc_t>(dropout.keep_scale);
       const DropoutRng rng = dropout.rng;
-      gat_check_ends(rp, N_dst, E, "rowptr", "col");
-      gat_check_ends(ccp, N_src, E, "colptr", "row");
+      cpu::check_ends(rp, N_dst, E, "rowptr", "col");
+      cpu::check_ends(ccp, N_src, E, "colptr", "row");
 
       // 1. delta per destination; validates the CSR (the last pass reads it).
-      at::parallel_for(0, N_dst, gat_grain_size(N_dst, N_dst, HD), [&](int64_t begin, int64_t end) {
+      at::parallel_for(0, N_dst, cpu::grain_size(N_dst, N_dst, HD), [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
-          gat_check_range(rp[i], rp[i + 1], E, "rowptr", i);
-          for (int64_t e = rp[i]; e < rp[i + 1]; ++e) gat_check_index_value(cp[e], N_src, "col", e);
+          cpu::check_range(rp[i], rp[i + 1], E, "rowptr", i);
+          for (int64_t e = rp[i]; e < rp[i + 1]; ++e) cpu::check_index_value(cp[e], N_src, "col", e);
           for (int64_t h = 0; h < H; ++h) {
             const scalar_t* g = gop + i * HD + h * D;
             const scalar_t* o = outp + i * HD + h * D;
@@ -263,19 +234,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backwar
       });
 
       // 2. Sources over the CSC: grad_x, grad_s_src and gz.
-      at::parallel_for(0, N_src, gat_grain_size(N_src, E, HD), [&](int64_t begin, int64_t end) {
+      at::parallel_for(0, N_src, cpu::grain_size(N_src, E, HD), [&](int64_t begin, int64_t end) {
         std::vector<acc_t> acc_x(HD), acc_s(H), src(H);
         for (int64_t j = begin; j < end; ++j) {
           std::fill(acc_x.begin(), acc_x.end(), acc_t(0));
           std::fill(acc_s.begin(), acc_s.end(), acc_t(0));
           for (int64_t h = 0; h < H; ++h) src[h] = static_cast<acc_t>(ssp[j * H + h]);
           const index_t lo = ccp[j], hi = ccp[j + 1];
-          gat_check_range(lo, hi, E, "colptr", j);
+          cpu::check_range(lo, hi, E, "colptr", j);
           const scalar_t* xr = xp + j * HD;
           for (int64_t k = lo; k < hi; ++k) {
             const index_t i = rwp[k], e = pp[k];
-            gat_check_index_value(i, N_dst, "row", k);
-            gat_check_index_value(e, E, "perm", k);
+            cpu::check_index_value(i, N_dst, "row", k);
+            cpu::check_index_value(e, E, "perm", k);
             const scalar_t* g = gop + static_cast<int64_t>(i) * HD;
             unsigned kept = 0;  // dropout bits of heads h .. h + 3 (one Philox call)
             for (int64_t h = 0; h < H; ++h) {
@@ -312,7 +283,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backwar
       });
 
       // 3. Destinations over the CSR: grad_s_dst[i] = sum of the row's gz.
-      at::parallel_for(0, N_dst, gat_grain_size(N_dst, E, H), [&](int64_t begin, int64_t end) {
+      at::parallel_for(0, N_dst, cpu::grain_size(N_dst, E, H), [&](int64_t begin, int64_t end) {
         std::vector<acc_t> acc(H);
         for (int64_t i = begin; i < end; ++i) {
           std::fill(acc.begin(), acc.end(), acc_t(0));

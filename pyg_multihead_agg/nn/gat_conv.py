@@ -194,7 +194,7 @@ class GATConv(PyGGATConv):
             # A head of D channels must fit one chunk of the CUDA backward:
             # 128 16-byte vectors, or 128 elements when D is not a multiple
             # of the vector width.
-            vec = 16 // torch.empty((), dtype=self._fused_dtype(x_src)).element_size()
+            vec = 16 // self._fused_dtype(x_src).itemsize
             limit = 128 * vec if self.out_channels % vec == 0 else 128
             return self.out_channels <= limit
         return True
