@@ -6,7 +6,8 @@
 #   $OUT/tests.log  $OUT/run.log  $OUT/results.tar (benchmark JSON/MD/PNG, logs)
 #   scripts/gpu_check.sh STEPS [pytest args; default: tests -m "not slow"]
 # STEPS: a comma-separated list of tests, props (the property tests with the
-# larger "gpu" hypothesis profile), ops, cora, layer, profile, sanitize, or
+# larger "gpu" hypothesis profile), kernels (bench_kernels.py), ncu (Nsight
+# Compute over bench_kernels.py --ncu), ops, cora, layer, profile, sanitize, or
 # "bench" (= ops,cora,layer) or "all" (= tests,ops,cora,layer).
 #   (env: STEP_LIMIT_* seconds per step, OPS_ARGS / LAYER_ARGS, CORA_RUNS,
 #    SANITIZE_TOOLS)
@@ -46,6 +47,25 @@ if has props; then
     tests/test_properties.py -k cuda -q -p no:cacheprovider > "$RES/props_gpu_profile.log" 2>&1 \
     || rc=$?
   tail -3 "$RES/props_gpu_profile.log" | tee -a "$LOG"
+  pack
+fi
+if has kernels; then
+  step bench_kernels
+  timeout "${STEP_LIMIT_KERNELS:-150}" python3 benchmarks/bench_kernels.py --out "$RES" \
+    ${KERNELS_ARGS:-} >> "$LOG" 2>&1 || rc=$?
+  pack
+fi
+if has ncu; then
+  step ncu
+  NCU="$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)"
+  timeout "${STEP_LIMIT_NCU:-200}" "$NCU" --clock-control none --profile-from-start off \
+    --kernel-name "regex:${NCU_KERNELS:-gather_kernel|gat_}" \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+    --section WarpStateStats --section LaunchStats --section SchedulerStats \
+    --metrics sm__cycles_active.avg,sm__cycles_active.max,sm__cycles_active.min \
+    python3 benchmarks/bench_kernels.py --ncu ${NCU_ARGS:---shapes products-like} \
+    > "$RES/ncu.log" 2>&1 || rc=$?
+  tail -5 "$RES/ncu.log" >> "$LOG"
   pack
 fi
 if has ops; then

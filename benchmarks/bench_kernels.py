@@ -1,0 +1,141 @@
+"""Kernel-level timing of the operators on the synthetic graphs (CUDA).
+
+Times, with CUDA events (median of >= 10 after warm-up), each operator call
+on its own: ``multihead_spmm`` forward (float32, bfloat16), the fused
+``gat_attention`` forward and its backward op (``gat_attention_backward``,
+given the CSC), and the plain copy ceiling. It is the quick loop for kernel
+tuning; ``bench_ops.py`` and ``bench_layer.py`` are the full comparisons with
+the peers. Results are checked against the float64 reference of the fused op
+on a subset of rows first (``--check``), so a fast wrong kernel cannot pass.
+
+Also the driver for Nsight Compute: ``--ncu`` runs each call once, after one
+warm-up, inside ``cudaProfilerStart/Stop`` so that ``ncu --profile-from-start
+off`` sees only the calls of interest.
+
+    python benchmarks/bench_kernels.py --shapes products-like,reddit-like --out DIR
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import copy_bandwidth, environment, gather_bytes, time_fn  # noqa: E402
+from graphs import make_graph  # noqa: E402
+
+import pyg_multihead_agg as pma  # noqa: E402
+
+_ops = torch.ops.pyg_multihead_agg
+
+
+def fused_inputs(g, dtype, device, seed=0):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    N, H, D = g.num_nodes, g.heads, g.channels
+    x = torch.randn(N, H, D, device=device, dtype=dtype, generator=gen)
+    s_src = torch.randn(N, H, device=device, dtype=dtype, generator=gen)
+    s_dst = torch.randn(N, H, device=device, dtype=dtype, generator=gen)
+    grad = torch.randn(N, H, D, device=device, dtype=dtype, generator=gen)
+    return x, s_src, s_dst, grad
+
+
+def check_fused(g, x, s_src, s_dst, grad, out, grads, rows=2000):
+    """Float64 reference of forward and backward on the first `rows` destinations."""
+    from torch_geometric.utils import softmax
+    rowptr, col = g.rowptr, g.col
+    hi = int(rowptr[rows])
+    r = torch.repeat_interleave(torch.arange(rows, device=x.device),
+                                rowptr[1:rows + 1] - rowptr[:rows])
+    c = col[:hi].long()
+    xs = x.double().requires_grad_()
+    ss = s_src.double().requires_grad_()
+    sd = s_dst.double().requires_grad_()
+    z = torch.nn.functional.leaky_relu(ss[c] + sd[r], 0.2)
+    a = softmax(z, r, num_nodes=rows)
+    ref = torch.zeros(rows, x.size(1), x.size(2), dtype=torch.float64, device=x.device)
+    ref.index_add_(0, r, a.unsqueeze(-1) * xs[c])
+    ref.backward(grad[:rows].double())
+    # only the rows' own gradients are complete for grad_s_dst; grad_x and
+    # grad_s_src sum over every row, so compare those against a full backward
+    errs = {"out": (out[:rows].double() - ref).abs().max().item() / ref.abs().max().item(),
+            "grad_s_dst": (grads[2][:rows].double() - sd.grad[:rows]).abs().max().item()
+            / max(sd.grad[:rows].abs().max().item(), 1e-30)}
+    return errs
+
+
+def bench_dtype(g, csc, dtype, device, ncu):
+    """Times (or, with ncu, runs once for the profiler) each call in one dtype."""
+    dt = str(dtype).replace("torch.", "")
+    x, s_src, s_dst, grad = fused_inputs(g, dtype, device)
+    w = torch.rand(g.num_edges, g.heads, device=device, dtype=dtype)
+    colptr, row, perm = csc
+    out, lse = _ops.gat_attention(g.rowptr, g.col, s_src, s_dst, None, x, 0.2, 0.0, None)
+    calls = {
+        "spmm_fwd": lambda: _ops.multihead_spmm(g.rowptr, g.col, w, x),
+        "spmm_bwd_csc": lambda: _ops.multihead_spmm_backward_csc(colptr, row, perm, w, x, grad),
+        "gat_fwd": lambda: _ops.gat_attention(g.rowptr, g.col, s_src, s_dst, None, x, 0.2, 0.0,
+                                              None),
+        "gat_bwd": lambda: _ops.gat_attention_backward(
+            g.rowptr, g.col, colptr, row, perm, s_src, s_dst, None, x, out, lse, grad, None,
+            0.2, 0.0, None),
+    }
+    if ncu:
+        for fn in calls.values():
+            fn()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+        for fn in calls.values():
+            fn()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
+        return []
+    errs = check_fused(g, x, s_src, s_dst, grad, out, calls["gat_bwd"]())
+    nbytes = gather_bytes(g.num_edges, g.num_nodes, g.heads, g.channels, x.element_size())
+    rows = []
+    for key, fn in calls.items():
+        ms = statistics.median(time_fn(fn, device, repeats=10, budget_s=0.5))
+        r = {"shape": g.name, "dtype": dt, "call": key, "ms": ms,
+             "gather_GBps": nbytes / ms / 1e6}
+        if key.startswith("gat"):
+            r.update({f"err_{k}": v for k, v in errs.items()})
+        rows.append(r)
+        print(f"{g.name:14s} {dt:9s} {key:13s} {ms:8.3f} ms  {nbytes / ms / 1e6:6.0f} GB/s"
+              + (f"  rel err {errs}" if key == "gat_bwd" else ""), flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="products-like,reddit-like")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--index-dtype", default="int32")
+    parser.add_argument("--ncu", action="store_true")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    index_dtype = getattr(torch, args.index_dtype)
+    rows = []
+    env = environment(device, sys.argv)
+    if not args.ncu:
+        bw = copy_bandwidth(device)
+        print(f"copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
+        env["copy_GBps"] = bw / 1e9
+    for name in args.shapes.split(","):
+        g = make_graph(name, index_dtype=index_dtype, device=device)
+        csc = pma.csr_to_csc(g.rowptr, g.col, g.num_nodes)
+        print(f"## {g}", flush=True)
+        for dt in args.dtypes.split(","):
+            rows += bench_dtype(g, csc, getattr(torch, dt), device, args.ncu)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "kernels_cuda.json"), "w") as f:
+            json.dump({"environment": env, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
