@@ -66,7 +66,7 @@ HUB=(
   "$K::test_power_law_with_hub[8-128-dtype0-index_dtype0]"
 )
 # The fused attention kernels: a head of 33 channels (scalar path), a hub row
-# (block-wide forward), every source a long CSC column (block-wide backward),
+# (block-wide forward), every source a long CSC column (sliced backward),
 # with edge scores and dropout.
 G=tests/test_gat_attention.py
 GAT=(

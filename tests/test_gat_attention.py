@@ -44,7 +44,8 @@ CASES = [
     (5, 0, 0, 2, 4, False),         # no source nodes
     (50, 60, 600, 6, 32, False),
     (20, 20, 150, 7, 128, False),
-    (60, 6, 800, 3, 16, False),     # every source is a long CSC column (block-wide backward)
+    (60, 6, 800, 3, 16, False),     # every source is a long CSC column (sliced backward)
+    (40, 30, 500, 2, 128, False),   # float32: a head spans all 32 lanes of a group
 ]
 CASE_IDS = [f"{c[0]}x{c[1]}-E{c[2]}-H{c[3]}-D{c[4]}{'-hub' if c[5] else ''}" for c in CASES]
 PHILOX = torch.tensor([0x5EED1234ABCD, 3], dtype=torch.int64)

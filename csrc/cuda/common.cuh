@@ -204,6 +204,92 @@ __device__ __forceinline__ void for_each_work_item(const index_t* ptr, int64_t n
   }
 }
 
+// ---------------------------------------------------------------------------
+// Sliced work list: long rows cut into slices of at most slice_len entries
+// ---------------------------------------------------------------------------
+//
+// A block-wide long row (above) still puts a whole hub on one SM: a CSC column
+// of 760K entries is ~390 MB of gathers for one multiprocessor. Here every long
+// row is cut into slices of at most `slice_len` entries, each slice one work
+// item for one group of lanes, like a short row; a slice writes its partial
+// sums to a scratch slot, and a second kernel adds a row's slots in slice
+// order (fixed, so deterministic; the slots themselves are reserved in a
+// varying order). Which rows are long and how they are cut depends only on the
+// pointer array.
+
+struct SliceList {
+  const int64_t* long_rows;   // [num_long]: the long rows (varying order)
+  const int64_t* long_base;   // [num_long]: first scratch slot of each
+  const int64_t* slot_owner;  // [num_slots]: index into long_rows of each slot
+  // [0]: long rows found, [1]: slots reserved, [2]: next slice, [3]: next short row
+  unsigned long long* counters;
+  int64_t num_rows;
+  int64_t long_threshold;  // rows with more entries than this are sliced
+  int64_t slice_len;       // entries per slice (the last one of a row: fewer)
+};
+
+template <typename index_t>
+__global__ void __launch_bounds__(kThreads)
+    find_sliced_rows_kernel(const index_t* __restrict__ ptr, int64_t num_edges, SliceList sl,
+                            int64_t* __restrict__ long_rows, int64_t* __restrict__ long_base,
+                            int64_t* __restrict__ slot_owner) {
+  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < sl.num_rows;
+       r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t lo, hi;
+    row_range(ptr, r, num_edges, lo, hi);
+    if (hi - lo <= sl.long_threshold) continue;
+    const int64_t n = (hi - lo + sl.slice_len - 1) / sl.slice_len;
+    const int64_t li = static_cast<int64_t>(atomicAdd(&sl.counters[0], 1ull));
+    const int64_t base =
+        static_cast<int64_t>(atomicAdd(&sl.counters[1], static_cast<unsigned long long>(n)));
+    long_rows[li] = r;
+    long_base[li] = base;
+    for (int64_t k = 0; k < n; ++k) slot_owner[base + k] = li;
+  }
+}
+
+// The loop of a persistent kernel over a SliceList, per warp without block
+// barriers: first the slices (the largest items, so they do not form the
+// tail), then the short rows, each fetched kFetchRounds * (32 / G) at a time
+// from an atomic counter and run by one group of G lanes:
+// `slice_fn(slot, r, lo, hi)` with the slice's entries [lo, hi) of row r, and
+// `short_fn(r, lo, hi)`.
+template <typename index_t, typename SliceFn, typename ShortFn>
+__device__ __forceinline__ void for_each_slice_or_row(const index_t* ptr, int64_t num_edges,
+                                                      const SliceList& sl, int G,
+                                                      SliceFn&& slice_fn, ShortFn&& short_fn) {
+  const int lane32 = threadIdx.x & 31, groups_per_warp = 32 / G, group = lane32 / G;
+  const unsigned long long per_fetch = static_cast<unsigned long long>(groups_per_warp) *
+                                       kFetchRounds;
+  const int64_t num_slots = static_cast<int64_t>(sl.counters[1]);
+  for (int phase = 0; phase < 2; ++phase) {
+    const int64_t num_items = phase == 0 ? num_slots : sl.num_rows;
+    unsigned long long* counter = &sl.counters[2 + phase];
+    for (;;) {
+      unsigned long long base = 0;
+      if (lane32 == 0) base = atomicAdd(counter, per_fetch);
+      base = __shfl_sync(0xffffffffu, base, 0);
+      if (base >= static_cast<unsigned long long>(num_items)) break;  // warp-uniform
+      for (int t = 0; t < kFetchRounds; ++t) {
+        const int64_t item = static_cast<int64_t>(base) + t * groups_per_warp + group;
+        if (item >= num_items) break;  // group-uniform
+        if (phase == 0) {
+          const int64_t li = sl.slot_owner[item];
+          const int64_t r = sl.long_rows[li];
+          int64_t lo, hi;
+          row_range(ptr, r, num_edges, lo, hi);
+          const int64_t slo = lo + (item - sl.long_base[li]) * sl.slice_len;
+          slice_fn(item, r, slo, min(hi, slo + sl.slice_len));
+        } else {
+          int64_t lo, hi;
+          row_range(ptr, item, num_edges, lo, hi);
+          if (hi - lo <= sl.long_threshold) short_fn(item, lo, hi);
+        }
+      }
+    }
+  }
+}
+
 // The contiguous slice of [lo, hi) that group `group` of `groups` (a power of
 // two: a shift, not a 64-bit division, which would be a subroutine call) takes
 // in a long row.
@@ -304,6 +390,39 @@ WorkList make_work_list(const index_t* ptr, int64_t num_rows, int64_t num_edges,
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   return wl;
+}
+
+// Builds a SliceList (see above); `storage` keeps it alive as in
+// make_work_list. Slices hold at most long_threshold entries, so a long row of
+// n entries gives fewer than 2 n / long_threshold slots, and all rows together
+// fewer than 2 E / long_threshold (at most 65536 for E >= 2^21): the scratch
+// of the partial sums is bounded by that times the row width.
+template <typename index_t>
+SliceList make_slice_list(const index_t* ptr, int64_t num_rows, int64_t num_edges,
+                          at::Tensor& storage, const at::TensorOptions& options,
+                          int64_t& max_slots) {
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  SliceList sl;
+  sl.num_rows = num_rows;
+  sl.long_threshold = long_threshold(num_edges);
+  sl.slice_len = sl.long_threshold;
+  const int64_t max_long = std::min<int64_t>(num_rows, num_edges / (sl.long_threshold + 1) + 1);
+  max_slots = 2 * num_edges / sl.long_threshold + 1;
+  storage = at::empty({4 + 2 * max_long + max_slots}, options.dtype(at::kLong));
+  int64_t* base = storage.data_ptr<int64_t>();
+  sl.counters = reinterpret_cast<unsigned long long*>(base);
+  sl.long_rows = base + 4;
+  sl.long_base = base + 4 + max_long;
+  sl.slot_owner = base + 4 + 2 * max_long;
+  C10_CUDA_CHECK(cudaMemsetAsync(sl.counters, 0, 4 * sizeof(unsigned long long), stream));
+  const int blocks =
+      static_cast<int>(std::min<int64_t>((num_rows + kThreads - 1) / kThreads, num_sms() * 8LL));
+  if (blocks > 0) {
+    find_sliced_rows_kernel<index_t><<<blocks, kThreads, 0, stream>>>(
+        ptr, num_edges, sl, base + 4, base + 4 + max_long, base + 4 + 2 * max_long);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  return sl;
 }
 
 // Resident blocks of a persistent kernel, no more than there is work for.

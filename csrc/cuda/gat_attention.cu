@@ -84,8 +84,12 @@ struct GatParams {
   acc_t* lse_out;            // forward: [N_dst, H]
   scalar_t* grad_s_src;      // backward: [N_src, H]
   acc_t* grad_z;             // backward: [E, H]
+  const void* aux;           // backward, all-heads path: RowAux<acc_t> [N_dst, H]
+  acc_t* part_x;             // backward, all-heads path: [slots, H * D] partial grad_x
+  acc_t* part_src;           // backward, all-heads path: [slots, H] partial grad_s_src
   int64_t num_rows, num_gathered, num_edges;  // compressed rows, gathered rows, E
   int H, D, HD, G, num_chunks;
+  int S, log2S;  // all-heads path: lanes per head (D / V, a power of two <= G)
   acc_t negative_slope, scale;  // scale: 1 / (1 - p) (0 for p == 1)
   DropoutRng rng;
 };
@@ -328,13 +332,13 @@ __device__ __forceinline__ void attend_backward(at::opmath_type<scalar_t> (&acc)
     for (int v = 0; v < V; ++v) acc[k][v] = 0;
   gsrc = 0;
   for (int64_t k0 = lo; k0 < hi; k0 += U) {
-    int64_t i[U], e[U];
+    index_t i[U], e[U];  // the index type: int32 graphs keep half the registers
     bool ok[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const bool inside = k0 + u < hi;
-      i[u] = inside ? load_index(p.idx + k0 + u) : -1;
-      e[u] = inside ? load_index(p.perm + k0 + u) : -1;
+      i[u] = inside ? __ldg(p.idx + k0 + u) : index_t(-1);
+      e[u] = inside ? __ldg(p.perm + k0 + u) : index_t(-1);
       ok[u] = inside && in_range(i[u], p.num_gathered) && in_range(e[u], p.num_edges);
     }
     Vec<scalar_t, V> gv[U][VPL];
@@ -427,6 +431,283 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
   for_each_work_item(p.ptr, p.num_edges, wl, G, p.H, short_item, long_col);
+}
+
+// ---------------------------------------------------------------------------
+// Backward, all heads of a source row per group (the fast path)
+// ---------------------------------------------------------------------------
+//
+// A group of G lanes owns a whole row of H * D features in 16-byte vectors,
+// VPL per lane (vector v = lane + G * k, as in multihead_spmm); a head spans
+// S = D / V lanes, a power of two that divides G, so the vectors of head h lie
+// in S aligned lanes of one pass k and its dot products are S-lane
+// butterflies. Per CSC entry (i = row[k], e = perm[k]) the group loads the two
+// indices once for all heads, gathers grad_out[i] as one coalesced row, loads
+// one packed (s_dst, lse, delta - grad_lse) per head, and writes
+// grad_z[e, 0:H] as one contiguous store. The per-head kernel above loaded
+// the indices H times, each head's scores from three arrays, and walked a hub
+// column head by head with one block; here long columns are cut into slices
+// (SliceList) that any group takes, and a second kernel adds the slices'
+// partial sums in slice order.
+
+// What the backward needs of destination row i, head h, in one 16-byte load
+// (two for float64).
+template <typename acc_t>
+struct alignas(4 * sizeof(acc_t)) RowAux {
+  acc_t sd, lse, dl, pad;  // s_dst[i, h], lse[i, h], delta[i, h] - grad_lse[i, h]
+};
+
+template <typename acc_t>
+__device__ __forceinline__ RowAux<acc_t> load_aux(const RowAux<acc_t>* p) {
+  RowAux<acc_t> a;
+  if constexpr (sizeof(acc_t) == 4) {
+    *reinterpret_cast<float4*>(&a) = __ldg(reinterpret_cast<const float4*>(p));
+  } else {
+    reinterpret_cast<double2*>(&a)[0] = __ldg(reinterpret_cast<const double2*>(p));
+    reinterpret_cast<double2*>(&a)[1] = __ldg(reinterpret_cast<const double2*>(p) + 1);
+  }
+  return a;
+}
+
+// <a, b> of one lane's vector, in element order; the S-lane butterfly follows
+// in lanes_sum. The aux kernel (delta) and the backward use these same two
+// steps, so that a row with a single edge (alpha = 1, out = x[j]) gives
+// delta equal to the edge's dot bit for bit and score gradients of exactly 0.
+template <typename scalar_t, int V>
+__device__ __forceinline__ at::opmath_type<scalar_t> vec_dot(const Vec<scalar_t, V>& a,
+                                                             const Vec<scalar_t, V>& b) {
+  using acc_t = at::opmath_type<scalar_t>;
+  acc_t d = 0;
+#pragma unroll
+  for (int v = 0; v < V; ++v) d += static_cast<acc_t>(a.val[v]) * static_cast<acc_t>(b.val[v]);
+  return d;
+}
+
+template <typename acc_t>
+__device__ __forceinline__ acc_t lanes_sum(acc_t v, int S, unsigned mask) {
+  for (int off = S >> 1; off > 0; off >>= 1) v += __shfl_xor_sync(mask, v, off);
+  return v;
+}
+
+// The vectors of a row this lane owns: feature offset, head, and whether the
+// head exists (the padding heads of a group wider than H * S have none).
+template <int V, int VPL>
+struct RowLanes {
+  int feat[VPL], head[VPL];
+  bool valid[VPL];
+  __device__ __forceinline__ RowLanes(int lane, int G, int log2S, int H) {
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      const int v = lane + G * k;
+      feat[k] = v * V;
+      head[k] = v >> log2S;
+      valid[k] = head[k] < H;
+    }
+  }
+};
+
+// grad_x (acc) and grad_s_src (gsrc) of source j over its CSC entries
+// [lo, hi), all heads; writes grad_z[e, :] of each entry.
+template <typename scalar_t, typename index_t, int V, int VPL>
+__device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VPL][V],
+                                             at::opmath_type<scalar_t> (&gsrc)[VPL],
+                                             const GatParams<scalar_t, index_t>& p, int64_t j,
+                                             int64_t lo, int64_t hi, const RowLanes<V, VPL>& m,
+                                             int lane, unsigned mask) {
+  using acc_t = at::opmath_type<scalar_t>;
+  // Entries per step: each brings two 16-byte loads per vector (grad_out and
+  // the packed aux), so half the forward's count keeps kLoadsInFlight loads
+  // in flight and the kernel within 128 registers (2 blocks per SM).
+  constexpr int U = kLoadsInFlight / 2 / VPL > 0 ? kLoadsInFlight / 2 / VPL : 1;
+  const auto* aux = static_cast<const RowAux<acc_t>*>(p.aux);
+  const int S = p.S, q = lane & (S - 1);
+  // warp lane of this head's first lane, for the dropout-bit shuffles
+  const int head_base = (threadIdx.x & 31) & ~(S - 1);
+  Vec<scalar_t, V> xr[VPL];
+  acc_t ss[VPL];
+#pragma unroll
+  for (int k = 0; k < VPL; ++k) {
+    xr[k] = m.valid[k] ? load_vec<scalar_t, V>(p.x + j * p.HD + m.feat[k])
+                       : zero_vec<scalar_t, V>();
+    ss[k] = m.valid[k] ? load_value(p.s_src + j * p.H + m.head[k]) : acc_t(0);
+    gsrc[k] = 0;
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[k][v] = 0;
+  }
+  for (int64_t k0 = lo; k0 < hi; k0 += U) {
+    index_t i[U], e[U];  // the index type: int32 graphs keep half the registers
+    bool ok[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const bool inside = k0 + u < hi;
+      i[u] = inside ? __ldg(p.idx + k0 + u) : index_t(-1);
+      e[u] = inside ? __ldg(p.perm + k0 + u) : index_t(-1);
+      ok[u] = inside && in_range(i[u], p.num_gathered) && in_range(e[u], p.num_edges);
+    }
+    Vec<scalar_t, V> gv[U][VPL];
+    RowAux<acc_t> ax[U][VPL];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int k = 0; k < VPL; ++k) {
+        const bool use = ok[u] && m.valid[k];
+        gv[u][k] = use ? load_vec<scalar_t, V>(p.grad_out + static_cast<int64_t>(i[u]) * p.HD +
+                                               m.feat[k])
+                       : zero_vec<scalar_t, V>();
+        if (use) {
+          ax[u][k] = load_aux(aux + static_cast<int64_t>(i[u]) * p.H + m.head[k]);
+        } else {
+          ax[u][k].sd = ax[u][k].lse = ax[u][k].dl = 0;
+        }
+      }
+    acc_t se[U][VPL];  // s_edge[e, h], added last as in the forward's z
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int k = 0; k < VPL; ++k)
+        se[u][k] = p.s_edge != nullptr && ok[u] && m.valid[k]
+                       ? load_value(p.s_edge + static_cast<int64_t>(e[u]) * p.H + m.head[k])
+                       : acc_t(0);
+    // Dropout: lane q of a head draws the masks of entries q, q + S, ... of
+    // this step (bit r of keep[k]: entry r * S + q), one Philox call per lane
+    // and step when S >= U, instead of every lane drawing every entry's.
+    unsigned keep[VPL];
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) keep[k] = 0;
+    if (p.rng.threshold != 0) {
+      for (int r = 0; (r << p.log2S) < U; ++r) {
+        const int u = (r << p.log2S) + q;
+        if (u < U && k0 + u < hi) {
+          const int64_t eu = load_index(p.perm + k0 + u);
+#pragma unroll
+          for (int k = 0; k < VPL; ++k)
+            if (p.rng.keep(eu, m.head[k])) keep[k] |= 1u << r;
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (k0 + u >= hi) break;  // group-uniform: no shuffles for a partial step's padding
+#pragma unroll
+      for (int k = 0; k < VPL; ++k) {
+        const acc_t dot = lanes_sum(vec_dot<scalar_t, V>(gv[u][k], xr[k]), S, mask);
+        acc_t mk = 1;
+        if (p.rng.threshold != 0) {
+          const unsigned bits = __shfl_sync(mask, keep[k], head_base + (u & (S - 1)));
+          mk = (bits >> (u >> p.log2S)) & 1u ? p.scale : acc_t(0);
+        }
+        if (!(ok[u] && m.valid[k])) continue;
+        acc_t z = ss[k] + ax[u][k].sd;
+        if (p.s_edge != nullptr) z += se[u][k];
+        const acc_t alpha = exp_(leaky(z, p.negative_slope) - ax[u][k].lse);
+        const acc_t w = alpha * mk;
+#pragma unroll
+        for (int v = 0; v < V; ++v) acc[k][v] += w * static_cast<acc_t>(gv[u][k].val[v]);
+        const acc_t gz =
+            alpha * (mk * dot - ax[u][k].dl) * (z > acc_t(0) ? acc_t(1) : p.negative_slope);
+        gsrc[k] += gz;
+        if (q == 0) p.grad_z[static_cast<int64_t>(e[u]) * p.H + m.head[k]] = gz;
+      }
+    }
+  }
+}
+
+// Two blocks per SM (at most 128 registers) where that does not spill; rows
+// of 4 vectors per lane (H * D > 256 floats) keep one.
+template <typename scalar_t, typename index_t, int V, int VPL>
+__global__ void __launch_bounds__(kThreads, VPL >= 4 ? 1 : 2)
+    gat_backward_rows_kernel(const GatParams<scalar_t, index_t> p, const SliceList sl) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int G = p.G, lane = threadIdx.x & (G - 1);
+  const unsigned mask = group_mask(G);
+  const RowLanes<V, VPL> m(lane, G, p.log2S, p.H);
+  const bool leader = (lane & (p.S - 1)) == 0;
+  auto slice = [&](int64_t slot, int64_t j, int64_t lo, int64_t hi) {
+    acc_t acc[VPL][V], gsrc[VPL];
+    backward_row(acc, gsrc, p, j, lo, hi, m, lane, mask);
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      if (!m.valid[k]) continue;
+      store_vec<acc_t, V>(p.part_x + slot * p.HD + m.feat[k], acc[k]);
+      if (leader) p.part_src[slot * p.H + m.head[k]] = gsrc[k];
+    }
+  };
+  auto row = [&](int64_t j, int64_t lo, int64_t hi) {
+    acc_t acc[VPL][V], gsrc[VPL];
+    backward_row(acc, gsrc, p, j, lo, hi, m, lane, mask);
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      if (!m.valid[k]) continue;
+      store_vec<scalar_t, V>(p.out + j * p.HD + m.feat[k], acc[k]);
+      if (leader) p.grad_s_src[j * p.H + m.head[k]] = static_cast<scalar_t>(gsrc[k]);
+    }
+  };
+  for_each_slice_or_row(p.ptr, p.num_edges, sl, G, slice, row);
+}
+
+// grad_x[j] and grad_s_src[j] of every sliced column j: the sum of its
+// slices' partials in slice order, one block per column.
+template <typename scalar_t, typename index_t, typename acc_t>
+__global__ void __launch_bounds__(kThreads)
+    gat_backward_finalize_kernel(const index_t* __restrict__ ptr, int64_t num_edges,
+                                 const SliceList sl, const acc_t* __restrict__ part_x,
+                                 const acc_t* __restrict__ part_src, scalar_t* __restrict__ grad_x,
+                                 scalar_t* __restrict__ grad_src, int H, int HD) {
+  const int64_t num_long = static_cast<int64_t>(sl.counters[0]);
+  for (int64_t li = blockIdx.x; li < num_long; li += gridDim.x) {
+    const int64_t r = sl.long_rows[li], base = sl.long_base[li];
+    int64_t lo, hi;
+    row_range(ptr, r, num_edges, lo, hi);
+    const int64_t n = (hi - lo + sl.slice_len - 1) / sl.slice_len;
+    for (int f = threadIdx.x; f < HD + H; f += kThreads) {
+      const bool is_x = f < HD;
+      const int64_t stride = is_x ? HD : H;
+      const acc_t* src = is_x ? part_x + base * HD + f : part_src + base * H + (f - HD);
+      acc_t s = 0;
+#pragma unroll 8
+      for (int64_t k = 0; k < n; ++k) s += src[k * stride];
+      if (is_x) {
+        grad_x[r * HD + f] = static_cast<scalar_t>(s);
+      } else {
+        grad_src[r * H + (f - HD)] = static_cast<scalar_t>(s);
+      }
+    }
+  }
+}
+
+// aux[i, h] = (s_dst, lse, delta - grad_lse) with delta[i, h] = <grad_out[i, h],
+// out[i, h]>, one group per destination row, in the lane layout of
+// gat_backward_rows_kernel (vec_dot, then lanes_sum).
+template <typename scalar_t, typename index_t, int V, int VPL>
+__global__ void __launch_bounds__(kThreads)
+    gat_aux_kernel(const GatParams<scalar_t, index_t> p, const scalar_t* __restrict__ out,
+                   RowAux<at::opmath_type<scalar_t>>* __restrict__ aux) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int G = p.G, lane = threadIdx.x & (G - 1);
+  const unsigned mask = group_mask(G);
+  const RowLanes<V, VPL> m(lane, G, p.log2S, p.H);
+  const bool leader = (lane & (p.S - 1)) == 0;
+  const int64_t groups = static_cast<int64_t>(gridDim.x) * (kThreads / G);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads / G) + threadIdx.x / G;
+       i < p.num_gathered; i += groups) {  // the bound is group-uniform
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      const int64_t offset = i * p.HD + m.feat[k];
+      const auto g = m.valid[k] ? load_vec<scalar_t, V>(p.grad_out + offset)
+                                : zero_vec<scalar_t, V>();
+      const auto o = m.valid[k] ? load_vec<scalar_t, V>(out + offset) : zero_vec<scalar_t, V>();
+      const acc_t d = lanes_sum(vec_dot<scalar_t, V>(g, o), p.S, mask);
+      if (leader && m.valid[k]) {
+        const int64_t ih = i * p.H + m.head[k];
+        RowAux<acc_t> a;
+        a.sd = load_value(p.s_dst + ih);
+        a.lse = p.lse_in[ih];
+        a.dl = d - (p.grad_lse != nullptr ? p.grad_lse[ih] : acc_t(0));
+        a.pad = 0;
+        aux[ih] = a;
+      }
+    }
+  }
 }
 
 // delta[i, h] = <grad_out[i, h, :], out[i, h, :]>, one group per (row, head)
@@ -527,42 +808,110 @@ void launch_gat_forward(GatParams<scalar_t, index_t> p, const at::TensorOptions&
   }
 }
 
+// The all-heads backward (gat_backward_rows_kernel) applies when a head is a
+// whole number of 16-byte vectors, S = D / V of them, S a power of two of at
+// most 32, and a row fits 4 vectors per lane: H * S <= 128.
+struct RowConfig {
+  bool ok;
+  int G, vpl, S, log2S;
+};
+
+template <typename scalar_t>
+RowConfig row_config(int64_t H, int64_t D, bool aligned) {
+  constexpr int kVec = vec_width<scalar_t>();
+  RowConfig c{};
+  const int64_t S = D / kVec;
+  c.ok = aligned && D % kVec == 0 && S >= 1 && S <= 32 && (S & (S - 1)) == 0 &&
+         H * S <= 32 * kMaxVPL;
+  if (!c.ok) return c;
+  c.S = static_cast<int>(S);
+  c.log2S = __builtin_ctz(c.S);
+  c.G = next_pow2(H * S);  // at most 32
+  const int64_t vpl = (H * S + c.G - 1) / c.G;
+  c.vpl = vpl == 1 ? 1 : (vpl == 2 ? 2 : kMaxVPL);
+  return c;
+}
+
 // delta (from out and grad_out), then the CSC pass; both with one lane layout.
+// The all-heads path when row_config allows it, else the per-head kernels.
 template <typename scalar_t, typename index_t>
 void launch_gat_backward(GatParams<scalar_t, index_t> p, const scalar_t* out,
-                         at::opmath_type<scalar_t>* delta, const at::TensorOptions& options) {
+                         scalar_t* grad_dst, const index_t* rowptr,
+                         const at::TensorOptions& options) {
+  using acc_t = at::opmath_type<scalar_t>;
   constexpr int kVec = vec_width<scalar_t>();
-  const auto c = head_config<scalar_t>(
-      p.D, is_aligned(p.x, 16) && is_aligned(p.out, 16) && is_aligned(p.grad_out, 16) &&
-               is_aligned(out, 16));
-  TORCH_CHECK(c.num_chunks <= 1, "gat_attention_backward: the CUDA kernel supports heads of at "
-              "most ", 32 * kMaxVPL * (c.vectorised ? kVec : 1), " channels for this dtype, got ",
-              p.D);
-  p.G = c.G;
-  p.num_chunks = 1;
-  at::Tensor storage;
-  const WorkList wl = make_work_list(p.ptr, p.num_rows, p.num_edges, storage, options);
+  const bool aligned = is_aligned(p.x, 16) && is_aligned(p.out, 16) &&
+                       is_aligned(p.grad_out, 16) && is_aligned(out, 16);
   auto stream = c10::cuda::getCurrentCUDAStream();
-  const int64_t delta_items = p.num_gathered * p.H;
-  const int delta_blocks = static_cast<int>(std::max<int64_t>(
-      1, std::min<int64_t>((delta_items + kThreads / p.G - 1) / (kThreads / p.G),
-                           num_sms() * 32LL)));
-  auto launch = [&](auto delta_kernel, auto kernel) {
-    delta_kernel<<<delta_blocks, kThreads, 0, stream>>>(p, out, delta);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    p.delta = delta;
-    kernel<<<persistent_grid(kernel, p.num_rows * p.H, p.G), kThreads, 0, stream>>>(p, wl);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  };
-  if (c.vectorised) {
-    VPL_SWITCH(c.vpl, kVPL, [&] {
-      launch(gat_delta_kernel<scalar_t, index_t, kVec, kVPL>,
-             gat_backward_kernel<scalar_t, index_t, kVec, kVPL>);
+  const auto acc_options = options.dtype(c10::CppTypeToScalarType<acc_t>::value);
+  at::Tensor storage, aux, delta, part_x, part_src;
+  const auto rc = row_config<scalar_t>(p.H, p.D, aligned);
+  if (rc.ok) {
+    p.G = rc.G;
+    p.S = rc.S;
+    p.log2S = rc.log2S;
+    p.num_chunks = 1;
+    int64_t max_slots = 0;
+    const SliceList sl = make_slice_list(p.ptr, p.num_rows, p.num_edges, storage, options,
+                                         max_slots);
+    aux = at::empty({p.num_gathered * p.H * 4}, acc_options);
+    part_x = at::empty({max_slots * p.HD}, acc_options);
+    part_src = at::empty({max_slots * p.H}, acc_options);
+    p.aux = aux.data_ptr();
+    p.part_x = part_x.data_ptr<acc_t>();
+    p.part_src = part_src.data_ptr<acc_t>();
+    const int aux_blocks = static_cast<int>(std::max<int64_t>(
+        1, std::min<int64_t>((p.num_gathered + kThreads / p.G - 1) / (kThreads / p.G),
+                             num_sms() * 32LL)));
+    VPL_SWITCH(rc.vpl, kVPL, [&] {
+      gat_aux_kernel<scalar_t, index_t, kVec, kVPL><<<aux_blocks, kThreads, 0, stream>>>(
+          p, out, static_cast<RowAux<acc_t>*>(aux.data_ptr()));
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      auto kernel = gat_backward_rows_kernel<scalar_t, index_t, kVec, kVPL>;
+      kernel<<<persistent_grid(kernel, p.num_rows, p.G), kThreads, 0, stream>>>(p, sl);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
+    gat_backward_finalize_kernel<scalar_t, index_t, acc_t>
+        <<<num_sms() * 2, kThreads, 0, stream>>>(p.ptr, p.num_edges, sl, p.part_x, p.part_src,
+                                                 p.out, p.grad_s_src, p.H, p.HD);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   } else {
-    launch(gat_delta_kernel<scalar_t, index_t, 1, kMaxVPL>,
-           gat_backward_kernel<scalar_t, index_t, 1, kMaxVPL>);
+    const auto c = head_config<scalar_t>(p.D, aligned);
+    TORCH_CHECK(c.num_chunks <= 1, "gat_attention_backward: the CUDA kernel supports heads of "
+                "at most ", 32 * kMaxVPL * (c.vectorised ? kVec : 1),
+                " channels for this dtype, got ", p.D);
+    p.G = c.G;
+    p.num_chunks = 1;
+    const WorkList wl = make_work_list(p.ptr, p.num_rows, p.num_edges, storage, options);
+    delta = at::empty({p.num_gathered, p.H}, acc_options);
+    const int64_t delta_items = p.num_gathered * p.H;
+    const int delta_blocks = static_cast<int>(std::max<int64_t>(
+        1, std::min<int64_t>((delta_items + kThreads / p.G - 1) / (kThreads / p.G),
+                             num_sms() * 32LL)));
+    auto launch = [&](auto delta_kernel, auto kernel) {
+      delta_kernel<<<delta_blocks, kThreads, 0, stream>>>(p, out, delta.data_ptr<acc_t>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      p.delta = delta.data_ptr<acc_t>();
+      kernel<<<persistent_grid(kernel, p.num_rows * p.H, p.G), kThreads, 0, stream>>>(p, wl);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    };
+    if (c.vectorised) {
+      VPL_SWITCH(c.vpl, kVPL, [&] {
+        launch(gat_delta_kernel<scalar_t, index_t, kVec, kVPL>,
+               gat_backward_kernel<scalar_t, index_t, kVec, kVPL>);
+      });
+    } else {
+      launch(gat_delta_kernel<scalar_t, index_t, 1, kMaxVPL>,
+             gat_backward_kernel<scalar_t, index_t, 1, kMaxVPL>);
+    }
   }
+  // grad_s_dst[i, h]: the sum of grad_z over the CSR row i
+  const int64_t warps = p.num_gathered * p.H;
+  const int blocks = static_cast<int>(
+      std::min<int64_t>((warps + kThreads / 32 - 1) / (kThreads / 32), num_sms() * 16LL));
+  row_sum_kernel<scalar_t, index_t, acc_t><<<blocks, kThreads, 0, stream>>>(
+      rowptr, p.grad_z, grad_dst, p.num_gathered, p.num_edges, p.H);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 DropoutRng make_rng(double dropout_p, const std::optional<at::Tensor>& philox) {
@@ -657,7 +1006,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backwar
   auto grad_dst = at::empty({s.N_dst, s.H}, x.options());
   auto grad_z = at::zeros({s.E, s.H}, x.options().dtype(acc_dtype));
   const auto go = grad_out.contiguous(), out_c = out.contiguous();
-  auto delta = at::empty({s.N_dst, s.H}, x.options().dtype(acc_dtype));
   const auto lse_c = lse.contiguous();
   const bool has_glse = grad_lse.has_value() && grad_lse->defined();
   const auto glse_c = has_glse ? grad_lse->contiguous() : at::Tensor();
@@ -691,16 +1039,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backwar
       p.negative_slope = static_cast<acc_t>(negative_slope);
       p.scale = dropout_scale<acc_t>(dropout_p);
       p.rng = make_rng(dropout_p, philox);
-      launch_gat_backward(p, out_c.data_ptr<scalar_t>(), delta.data_ptr<acc_t>(),
-                          colptr.options());
-      const int64_t warps = s.N_dst * s.H;
-      const int blocks = static_cast<int>(
-          std::min<int64_t>((warps + kThreads / 32 - 1) / (kThreads / 32), num_sms() * 16LL));
-      row_sum_kernel<scalar_t, index_t, acc_t><<<blocks, kThreads, 0,
-                                                 c10::cuda::getCurrentCUDAStream()>>>(
-          rowptr_c.data_ptr<index_t>(), grad_z.data_ptr<acc_t>(), grad_dst.data_ptr<scalar_t>(),
-          s.N_dst, s.E, p.H);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      launch_gat_backward(p, out_c.data_ptr<scalar_t>(), grad_dst.data_ptr<scalar_t>(),
+                          rowptr_c.data_ptr<index_t>(), colptr.options());
     });
   });
   auto grad_edge = has_edge ? grad_z.to(x.scalar_type()) : at::empty({0, s.H}, x.options());
