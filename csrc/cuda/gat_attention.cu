@@ -506,6 +506,38 @@ struct RowLanes {
   }
 };
 
+// Dropout masks of one step of U entries [k0, k0 + U) (edge ids perm[k], or k
+// itself without perm) for this lane's heads: lane q of a head draws entries
+// q, q + S, ... (bit r of keep[k]: entry r * S + q), so each (entry, head)
+// mask is drawn once per group (one Philox call per lane and step when
+// S >= U) instead of by all S lanes of the head; keep_scale hands the bits on.
+template <int U, int VPL, typename index_t>
+__device__ __forceinline__ void draw_keep_bits(unsigned (&keep)[VPL], const DropoutRng& rng,
+                                               const index_t* perm, int64_t k0, int64_t hi,
+                                               int q, int log2S, const int (&head)[VPL]) {
+#pragma unroll
+  for (int k = 0; k < VPL; ++k) keep[k] = 0;
+  for (int r = 0; (r << log2S) < U; ++r) {
+    const int u = (r << log2S) + q;
+    if (u < U && k0 + u < hi) {
+      const int64_t e = perm != nullptr ? load_index(perm + k0 + u) : k0 + u;
+#pragma unroll
+      for (int k = 0; k < VPL; ++k)
+        if (rng.keep(e, head[k])) keep[k] |= 1u << r;
+    }
+  }
+}
+
+// The dropout factor (scale or 0) of entry u of the step for this lane's head,
+// from the lane that drew it (called by every lane of the group).
+template <typename acc_t>
+__device__ __forceinline__ acc_t keep_scale(unsigned keep, int u, int S, int log2S,
+                                            unsigned mask, acc_t scale) {
+  const int head_base = (threadIdx.x & 31) & ~(S - 1);  // warp lane of the head's first lane
+  const unsigned bits = __shfl_sync(mask, keep, head_base + (u & (S - 1)));
+  return (bits >> (u >> log2S)) & 1u ? scale : acc_t(0);
+}
+
 // grad_x (acc) and grad_s_src (gsrc) of source j over its CSC entries
 // [lo, hi), all heads; writes grad_z[e, :] of each entry.
 template <typename scalar_t, typename index_t, int V, int VPL>
@@ -521,8 +553,6 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
   constexpr int U = kLoadsInFlight / 2 / VPL > 0 ? kLoadsInFlight / 2 / VPL : 1;
   const auto* aux = static_cast<const RowAux<acc_t>*>(p.aux);
   const int S = p.S, q = lane & (S - 1);
-  // warp lane of this head's first lane, for the dropout-bit shuffles
-  const int head_base = (threadIdx.x & 31) & ~(S - 1);
   Vec<scalar_t, V> xr[VPL];
   acc_t ss[VPL];
 #pragma unroll
@@ -568,34 +598,17 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
         se[u][k] = p.s_edge != nullptr && ok[u] && m.valid[k]
                        ? load_value(p.s_edge + static_cast<int64_t>(e[u]) * p.H + m.head[k])
                        : acc_t(0);
-    // Dropout: lane q of a head draws the masks of entries q, q + S, ... of
-    // this step (bit r of keep[k]: entry r * S + q), one Philox call per lane
-    // and step when S >= U, instead of every lane drawing every entry's.
     unsigned keep[VPL];
-#pragma unroll
-    for (int k = 0; k < VPL; ++k) keep[k] = 0;
-    if (p.rng.threshold != 0) {
-      for (int r = 0; (r << p.log2S) < U; ++r) {
-        const int u = (r << p.log2S) + q;
-        if (u < U && k0 + u < hi) {
-          const int64_t eu = load_index(p.perm + k0 + u);
-#pragma unroll
-          for (int k = 0; k < VPL; ++k)
-            if (p.rng.keep(eu, m.head[k])) keep[k] |= 1u << r;
-        }
-      }
-    }
+    if (p.rng.threshold != 0)
+      draw_keep_bits<U, VPL>(keep, p.rng, p.perm, k0, hi, q, p.log2S, m.head);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (k0 + u >= hi) break;  // group-uniform: no shuffles for a partial step's padding
 #pragma unroll
       for (int k = 0; k < VPL; ++k) {
         const acc_t dot = lanes_sum(vec_dot<scalar_t, V>(gv[u][k], xr[k]), S, mask);
-        acc_t mk = 1;
-        if (p.rng.threshold != 0) {
-          const unsigned bits = __shfl_sync(mask, keep[k], head_base + (u & (S - 1)));
-          mk = (bits >> (u >> p.log2S)) & 1u ? p.scale : acc_t(0);
-        }
+        const acc_t mk =
+            p.rng.threshold != 0 ? keep_scale(keep[k], u, S, p.log2S, mask, p.scale) : acc_t(1);
         if (!(ok[u] && m.valid[k])) continue;
         acc_t z = ss[k] + ax[u][k].sd;
         if (p.s_edge != nullptr) z += se[u][k];
@@ -710,6 +723,188 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---------------------------------------------------------------------------
+// Forward, all heads of a destination row per group (the fast path)
+// ---------------------------------------------------------------------------
+//
+// The lane layout of gat_backward_rows_kernel: a group owns the row's H * D
+// features, S lanes per head. Pass 1: the S lanes of each head stride over
+// the row's entries (q, q + S, ...) for the exact maximum and sum of exp,
+// merged by an S-lane butterfly; pass 2: U entries per step, their col loaded
+// once for all heads and x[j] gathered as one coalesced row. The per-head
+// kernel above instead ran each (row, head) as its own item, loading the
+// row's indices H times.
+
+// Pass 1 for this lane's heads over entries lo + q, lo + q + S, ... < hi.
+template <typename scalar_t, typename index_t, int V, int VPL>
+__device__ __forceinline__ void row_stats_heads(const GatParams<scalar_t, index_t>& p,
+                                                int64_t lo, int64_t hi, int q,
+                                                const RowLanes<V, VPL>& m,
+                                                const at::opmath_type<scalar_t> (&sd)[VPL],
+                                                at::opmath_type<scalar_t> (&mx)[VPL],
+                                                at::opmath_type<scalar_t> (&sum)[VPL]) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr int kU = 4;
+  const int S = p.S;
+#pragma unroll
+  for (int k = 0; k < VPL; ++k) {
+    mx[k] = -std::numeric_limits<acc_t>::infinity();
+    sum[k] = 0;
+  }
+  for (int64_t e0 = lo + q; e0 < hi; e0 += static_cast<int64_t>(kU) * S) {
+    acc_t l[kU][VPL];
+    bool ok[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t e = e0 + static_cast<int64_t>(u) * S;
+      const int64_t j = e < hi ? load_index(p.idx + e) : -1;
+      ok[u] = e < hi && in_range(j, p.num_gathered);
+#pragma unroll
+      for (int k = 0; k < VPL; ++k) {
+        acc_t z = ok[u] && m.valid[k] ? load_value(p.s_src + j * p.H + m.head[k]) + sd[k]
+                                      : acc_t(0);
+        if (ok[u] && m.valid[k] && p.s_edge != nullptr)
+          z += load_value(p.s_edge + e * p.H + m.head[k]);
+        l[u][k] = leaky(z, p.negative_slope);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+#pragma unroll
+      for (int k = 0; k < VPL; ++k)
+        if (ok[u]) merge_stats(mx[k], sum[k], l[u][k], acc_t(1));
+  }
+}
+
+// Pass 2 for this lane's heads over entries [lo, hi):
+// acc = sum_e exp(l[e] - lse) * mask[e] * x[col[e], h].
+template <typename scalar_t, typename index_t, int V, int VPL>
+__device__ __forceinline__ void attend_heads(at::opmath_type<scalar_t> (&acc)[VPL][V],
+                                             const GatParams<scalar_t, index_t>& p, int64_t lo,
+                                             int64_t hi, int q, unsigned mask,
+                                             const RowLanes<V, VPL>& m,
+                                             const at::opmath_type<scalar_t> (&sd)[VPL],
+                                             const at::opmath_type<scalar_t> (&lse)[VPL]) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr int U = kLoadsInFlight / VPL;
+#pragma unroll
+  for (int k = 0; k < VPL; ++k)
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[k][v] = 0;
+  for (int64_t e0 = lo; e0 < hi; e0 += U) {
+    index_t j[U];
+    bool ok[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const bool inside = e0 + u < hi;
+      j[u] = inside ? __ldg(p.idx + e0 + u) : index_t(-1);
+      ok[u] = inside && in_range(j[u], p.num_gathered);
+    }
+    Vec<scalar_t, V> xv[U][VPL];
+    acc_t z[U][VPL];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int k = 0; k < VPL; ++k) {
+        const bool use = ok[u] && m.valid[k];
+        xv[u][k] = use ? load_vec<scalar_t, V>(p.x + static_cast<int64_t>(j[u]) * p.HD +
+                                               m.feat[k])
+                       : zero_vec<scalar_t, V>();
+        z[u][k] = use ? load_value(p.s_src + static_cast<int64_t>(j[u]) * p.H + m.head[k]) +
+                            sd[k]
+                      : acc_t(0);
+        if (use && p.s_edge != nullptr)
+          z[u][k] += load_value(p.s_edge + (e0 + u) * p.H + m.head[k]);
+      }
+    unsigned keep[VPL];
+    if (p.rng.threshold != 0)
+      draw_keep_bits<U, VPL, index_t>(keep, p.rng, nullptr, e0, hi, q, p.log2S, m.head);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (e0 + u >= hi) break;  // group-uniform
+#pragma unroll
+      for (int k = 0; k < VPL; ++k) {
+        const acc_t mk = p.rng.threshold != 0
+                             ? keep_scale(keep[k], u, p.S, p.log2S, mask, p.scale)
+                             : acc_t(1);
+        if (!(ok[u] && m.valid[k])) continue;
+        const acc_t w = exp_(leaky(z[u][k], p.negative_slope) - lse[k]) * mk;
+#pragma unroll
+        for (int v = 0; v < V; ++v) acc[k][v] += w * static_cast<acc_t>(xv[u][k].val[v]);
+      }
+    }
+  }
+}
+
+template <typename scalar_t, typename index_t, int V, int VPL>
+__global__ void __launch_bounds__(kThreads, VPL >= 4 ? 1 : 2)
+    gat_forward_rows_kernel(const GatParams<scalar_t, index_t> p, const WorkList wl) {
+  using acc_t = at::opmath_type<scalar_t>;
+  __shared__ acc_t red[kThreads * VPL * V];
+  // per (group, head) statistics of a long row's slices
+  // (groups * head slots = 256 * VPL / S entries)
+  __shared__ acc_t s_mx[kThreads * VPL], s_sum[kThreads * VPL];
+  const int G = p.G, lane = threadIdx.x & (G - 1), S = p.S, q = lane & (S - 1);
+  const int group = threadIdx.x / G, groups = kThreads / G;
+  const unsigned mask = group_mask(G);
+  const RowLanes<V, VPL> m(lane, G, p.log2S, p.H);
+  auto load_sd = [&](int64_t r, acc_t(&sd)[VPL]) {
+#pragma unroll
+    for (int k = 0; k < VPL; ++k)
+      sd[k] = m.valid[k] ? load_value(p.s_dst + r * p.H + m.head[k]) : acc_t(0);
+  };
+  auto short_row = [&](int64_t, int64_t r, int64_t lo, int64_t hi) {
+    acc_t sd[VPL], mx[VPL], sum[VPL], lse[VPL];
+    load_sd(r, sd);
+    row_stats_heads(p, lo, hi, q, m, sd, mx, sum);
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      group_merge_stats(mx[k], sum[k], S, mask);
+      lse[k] = stats_lse(mx[k], sum[k]);
+      if (q == 0 && m.valid[k]) p.lse_out[r * p.H + m.head[k]] = lse[k];
+    }
+    acc_t acc[VPL][V];
+    attend_heads(acc, p, lo, hi, q, mask, m, sd, lse);
+#pragma unroll
+    for (int k = 0; k < VPL; ++k)
+      if (m.valid[k]) store_vec<scalar_t, V>(p.out + r * p.HD + m.feat[k], acc[k]);
+  };
+  // A long row: each group takes a contiguous slice of the entries (all
+  // heads); the statistics and then the sums are merged over the groups in
+  // group order through shared memory.
+  auto long_row = [&](int64_t r, int64_t lo, int64_t hi) {
+    int64_t slo, shi;
+    group_slice(lo, hi, group, groups, slo, shi);
+    const int slots = p.G / S * VPL;  // head slots per group
+    acc_t sd[VPL], mx[VPL], sum[VPL], lse[VPL];
+    load_sd(r, sd);
+    row_stats_heads(p, slo, shi, q, m, sd, mx, sum);
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      group_merge_stats(mx[k], sum[k], S, mask);
+      if (q == 0) {
+        s_mx[group * slots + m.head[k]] = mx[k];
+        s_sum[group * slots + m.head[k]] = sum[k];
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      mx[k] = s_mx[m.head[k]];
+      sum[k] = s_sum[m.head[k]];
+      for (int g = 1; g < groups; ++g)
+        merge_stats(mx[k], sum[k], s_mx[g * slots + m.head[k]], s_sum[g * slots + m.head[k]]);
+      lse[k] = stats_lse(mx[k], sum[k]);
+      if (group == 0 && q == 0 && m.valid[k]) p.lse_out[r * p.H + m.head[k]] = lse[k];
+    }
+    acc_t acc[VPL][V];
+    attend_heads(acc, p, slo, shi, q, mask, m, sd, lse);
+    block_reduce_store<scalar_t, acc_t, V, VPL>(red, acc, G, lane, 0, p.HD, p.out + r * p.HD);
+    // (block_reduce_store ends with a barrier: s_mx / s_sum are free again)
+  };
+  for_each_work_item(p.ptr, p.num_edges, wl, G, 1, short_row, long_row);
+}
+
 // delta[i, h] = <grad_out[i, h, :], out[i, h, :]>, one group per (row, head)
 // with the lane layout of the backward kernel (see head_dot).
 template <typename scalar_t, typename index_t, int V, int VPL>
@@ -788,29 +983,10 @@ HeadConfig head_config(int64_t D, bool aligned) {
   return c;
 }
 
-template <typename scalar_t, typename index_t>
-void launch_gat_forward(GatParams<scalar_t, index_t> p, const at::TensorOptions& options) {
-  constexpr int kVec = vec_width<scalar_t>();
-  const auto c = head_config<scalar_t>(p.D, is_aligned(p.x, 16) && is_aligned(p.out, 16));
-  p.G = c.G;
-  p.num_chunks = c.num_chunks;
-  at::Tensor storage;
-  const WorkList wl = make_work_list(p.ptr, p.num_rows, p.num_edges, storage, options);
-  auto stream = c10::cuda::getCurrentCUDAStream();
-  auto launch = [&](auto kernel) {
-    kernel<<<persistent_grid(kernel, p.num_rows * p.H, p.G), kThreads, 0, stream>>>(p, wl);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  };
-  if (c.vectorised) {
-    VPL_SWITCH(c.vpl, kVPL, [&] { launch(gat_forward_kernel<scalar_t, index_t, kVec, kVPL>); });
-  } else {
-    launch(gat_forward_kernel<scalar_t, index_t, 1, kMaxVPL>);
-  }
-}
-
-// The all-heads backward (gat_backward_rows_kernel) applies when a head is a
-// whole number of 16-byte vectors, S = D / V of them, S a power of two of at
-// most 32, and a row fits 4 vectors per lane: H * S <= 128.
+// The all-heads kernels (gat_forward_rows_kernel, gat_backward_rows_kernel)
+// apply when a head is a whole number of 16-byte vectors, S = D / V of them,
+// S a power of two of at most 32, and a row fits 4 vectors per lane:
+// H * S <= 128. Other shapes take the per-head kernels.
 struct RowConfig {
   bool ok;
   int G, vpl, S, log2S;
@@ -830,6 +1006,43 @@ RowConfig row_config(int64_t H, int64_t D, bool aligned) {
   const int64_t vpl = (H * S + c.G - 1) / c.G;
   c.vpl = vpl == 1 ? 1 : (vpl == 2 ? 2 : kMaxVPL);
   return c;
+}
+
+template <typename scalar_t, typename index_t>
+void launch_gat_forward(GatParams<scalar_t, index_t> p, const at::TensorOptions& options) {
+  constexpr int kVec = vec_width<scalar_t>();
+  const bool aligned = is_aligned(p.x, 16) && is_aligned(p.out, 16);
+  const auto rc = row_config<scalar_t>(p.H, p.D, aligned);
+  if (rc.ok) {  // all heads of a row per group
+    p.G = rc.G;
+    p.S = rc.S;
+    p.log2S = rc.log2S;
+    p.num_chunks = 1;
+    at::Tensor storage;
+    const WorkList wl = make_work_list(p.ptr, p.num_rows, p.num_edges, storage, options);
+    auto stream = c10::cuda::getCurrentCUDAStream();
+    VPL_SWITCH(rc.vpl, kVPL, [&] {
+      auto kernel = gat_forward_rows_kernel<scalar_t, index_t, kVec, kVPL>;
+      kernel<<<persistent_grid(kernel, p.num_rows, p.G), kThreads, 0, stream>>>(p, wl);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+    return;
+  }
+  const auto c = head_config<scalar_t>(p.D, aligned);
+  p.G = c.G;
+  p.num_chunks = c.num_chunks;
+  at::Tensor storage;
+  const WorkList wl = make_work_list(p.ptr, p.num_rows, p.num_edges, storage, options);
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  auto launch = [&](auto kernel) {
+    kernel<<<persistent_grid(kernel, p.num_rows * p.H, p.G), kThreads, 0, stream>>>(p, wl);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  if (c.vectorised) {
+    VPL_SWITCH(c.vpl, kVPL, [&] { launch(gat_forward_kernel<scalar_t, index_t, kVec, kVPL>); });
+  } else {
+    launch(gat_forward_kernel<scalar_t, index_t, 1, kMaxVPL>);
+  }
 }
 
 // delta (from out and grad_out), then the CSC pass; both with one lane layout.

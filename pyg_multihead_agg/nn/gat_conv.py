@@ -205,6 +205,28 @@ class GATConv(PyGGATConv):
             return torch.get_autocast_dtype(x_src.device.type)
         return x_src.dtype if x_src.is_floating_point() else torch.get_default_dtype()
 
+    @staticmethod
+    def _scores(lin: torch.nn.Module, x_in: Tensor, x_proj: Tensor,
+                *atts: Tensor) -> Tuple[Tensor, ...]:
+        # The attention scores (x_proj * att).sum(-1) of PyG, [N, H] each. With
+        # x_proj = lin(x_in) and no bias, they equal x_in @ fold, where fold
+        # [F_in, H] is lin's weight summed against att per head: one thin GEMM
+        # over x_in for all the atts, instead of an [N, H, C] product and a
+        # reduction per att (and, in the backward, their [N, H, C] gradients).
+        w = getattr(lin, "weight", None)
+        if (getattr(lin, "bias", None) is not None or not isinstance(w, Tensor)
+                or isinstance(w, torch.nn.parameter.UninitializedParameter)
+                or w.dim() != 2 or x_in.dim() != 2 or not x_in.is_floating_point()):
+            return tuple((x_proj * att).sum(dim=-1) for att in atts)
+        H, C = x_proj.size(1), x_proj.size(2)
+        with torch.autocast(x_in.device.type, enabled=False):  # fold in the weights' dtype
+            a = torch.stack([att.reshape(H, C) for att in atts])  # [k, H, C]
+            fold = torch.einsum("hcf,khc->fkh", w.view(H, C, -1), a).reshape(w.size(1), -1)
+        if not torch.is_autocast_enabled(x_in.device.type):
+            fold = fold.to(x_in.dtype)
+        scores = (x_in @ fold).view(-1, len(atts), H)
+        return scores.unbind(dim=1)
+
     def _fused_forward(self, x: Union[Tensor, OptPairTensor], edge_index: Adj,
                        edge_attr: OptTensor, size: Size,
                        return_attention_weights: Optional[bool]):
@@ -219,22 +241,26 @@ class GATConv(PyGGATConv):
                 res = self.res(x)
             if self.lin is not None:
                 x_src = x_dst = self.lin(x).view(-1, H, C)
+                alpha_src, alpha_dst = self._scores(self.lin, x, x_src, self.att_src,
+                                                    self.att_dst)
             else:
                 x_src = self.lin_src(x).view(-1, H, C)
                 x_dst = self.lin_dst(x).view(-1, H, C)
+                alpha_src, = self._scores(self.lin_src, x, x_src, self.att_src)
+                alpha_dst, = self._scores(self.lin_dst, x, x_dst, self.att_dst)
         else:
-            x_src, x_dst = x
-            assert x_src.dim() == 2, "Static graphs not supported in 'GATConv'"
-            if x_dst is not None and self.res is not None:
-                res = self.res(x_dst)
+            x_src_in, x_dst_in = x
+            assert x_src_in.dim() == 2, "Static graphs not supported in 'GATConv'"
+            if x_dst_in is not None and self.res is not None:
+                res = self.res(x_dst_in)
             lin_src = self.lin if self.lin is not None else self.lin_src
             lin_dst = self.lin if self.lin is not None else self.lin_dst
-            x_src = lin_src(x_src).view(-1, H, C)
-            if x_dst is not None:
-                x_dst = lin_dst(x_dst).view(-1, H, C)
-
-        alpha_src = (x_src * self.att_src).sum(dim=-1)
-        alpha_dst = None if x_dst is None else (x_dst * self.att_dst).sum(-1)
+            x_src = lin_src(x_src_in).view(-1, H, C)
+            alpha_src, = self._scores(lin_src, x_src_in, x_src, self.att_src)
+            x_dst = alpha_dst = None
+            if x_dst_in is not None:
+                x_dst = lin_dst(x_dst_in).view(-1, H, C)
+                alpha_dst, = self._scores(lin_dst, x_dst_in, x_dst, self.att_dst)
 
         # PyG's size checks of propagate: the adjacency's sparse sizes against
         # the node features.
