@@ -427,11 +427,12 @@ SliceList make_slice_list(const index_t* ptr, int64_t num_rows, int64_t num_edge
 
 // Resident blocks of a persistent kernel, no more than there is work for.
 template <typename Kernel>
-int persistent_grid(Kernel kernel, int64_t num_items, int G, size_t smem = 0) {
+int persistent_grid(Kernel kernel, int64_t num_items, int G, size_t smem = 0,
+                    int threads = kThreads) {
   int per_sm = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
   const int64_t blocks = static_cast<int64_t>(std::max(per_sm, 1)) * num_sms();
-  const int64_t items_per_block = static_cast<int64_t>(kThreads / G) * kFetchRounds;
+  const int64_t items_per_block = static_cast<int64_t>(threads / G) * kFetchRounds;
   return static_cast<int>(
       std::max<int64_t>(1, std::min(blocks, (num_items + items_per_block - 1) / items_per_block)));
 }

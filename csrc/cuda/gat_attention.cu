@@ -625,10 +625,21 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
   }
 }
 
-// Two blocks per SM (at most 128 registers) where that does not spill; rows
-// of 4 vectors per lane (H * D > 256 floats) keep one.
+// Blocks of 128 threads: the kernel has no block-wide step (slices replace
+// block-wide long rows), so registers, not the block size, set the warps per
+// multiprocessor: float32 rows of one vector per lane fit 96 registers, 5
+// blocks = 20 warps instead of 2 x 8 with 256 threads (the kernel is
+// latency-bound: more warps, more gathers in flight). Other rows: at most 128
+// registers (4 blocks) or, with 4 vectors per lane, one block's worth.
+constexpr int kBackwardThreads = 128;
+
+template <typename scalar_t, int VPL>
+constexpr int backward_min_blocks() {
+  return VPL >= 4 ? 1 : (VPL == 1 && sizeof(scalar_t) == 4 ? 5 : 4);
+}
+
 template <typename scalar_t, typename index_t, int V, int VPL>
-__global__ void __launch_bounds__(kThreads, VPL >= 4 ? 1 : 2)
+__global__ void __launch_bounds__(kBackwardThreads, backward_min_blocks<scalar_t, VPL>())
     gat_backward_rows_kernel(const GatParams<scalar_t, index_t> p, const SliceList sl) {
   using acc_t = at::opmath_type<scalar_t>;
   const int G = p.G, lane = threadIdx.x & (G - 1);
@@ -1081,7 +1092,8 @@ void launch_gat_backward(GatParams<scalar_t, index_t> p, const scalar_t* out,
           p, out, static_cast<RowAux<acc_t>*>(aux.data_ptr()));
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       auto kernel = gat_backward_rows_kernel<scalar_t, index_t, kVec, kVPL>;
-      kernel<<<persistent_grid(kernel, p.num_rows, p.G), kThreads, 0, stream>>>(p, sl);
+      kernel<<<persistent_grid(kernel, p.num_rows, p.G, 0, kBackwardThreads), kBackwardThreads, 0,
+               stream>>>(p, sl);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
     gat_backward_finalize_kernel<scalar_t, index_t, acc_t>
