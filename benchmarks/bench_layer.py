@@ -183,6 +183,8 @@ def variants(g: Graph, pyg: torch.nn.Module, ours: Optional[torch.nn.Module], dt
 
     unfused = copy.deepcopy(ours)
     unfused.fused_attention = False
+    unfolded = copy.deepcopy(ours)  # fused attention, PyG's score products
+    unfolded.fold_scores = False
     for adj_name, build in adjacencies(g, dtype):
         get_adj = functools.cache(build)
         out.append((f"ours {adj_name} eager", functools.partial(lambda a: (ours, a()), get_adj)))
@@ -191,6 +193,9 @@ def variants(g: Graph, pyg: torch.nn.Module, ours: Optional[torch.nn.Module], dt
                 lambda a: (torch.compile(ours, dynamic=args.dynamic), a()), get_adj)))
         out.append((f"ours {adj_name} unfused eager",
                     functools.partial(lambda a: (unfused, a()), get_adj)))
+        if args.fold_off_rows:
+            out.append((f"ours {adj_name} eager, scores unfolded",
+                        functools.partial(lambda a: (unfolded, a()), get_adj)))
     if args.methods:
         keep = re.compile(args.methods)
         out = [(name, make) for name, make in out if keep.search(name)]
@@ -296,6 +301,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--methods", default=None,
                         help="regular expression: run only the rows whose method matches "
                         "(e.g. 'compiled|csr')")
+    parser.add_argument("--fold-off-rows", action="store_true",
+                        help="also run our fused layer with fold_scores=False")
     parser.add_argument("--no-compile", action="store_true",
                         help="eager rows only (skips torch.compile and its warm-up)")
     args, device, shapes, dtypes = common.parse_benchmark_args(parser, argv)

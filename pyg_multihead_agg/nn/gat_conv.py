@@ -164,6 +164,9 @@ class GATConv(PyGGATConv):
     def __init__(self, *args, fused_attention: bool = True, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.fused_attention = fused_attention
+        # Fused path: attention scores as x @ (W folded with att), one thin
+        # GEMM (True), or PyG's (W x * att).sum(-1) (False).
+        self.fold_scores = True
 
     # PyG's Inspector caches class sources by class name, so it would read
     # this class's source for the parent's "# propagate_type:" comments: state
@@ -244,8 +247,7 @@ class GATConv(PyGGATConv):
             return torch.get_autocast_dtype(x_src.device.type)
         return x_src.dtype if x_src.is_floating_point() else torch.get_default_dtype()
 
-    @staticmethod
-    def _scores(lin: torch.nn.Module, x_in: Tensor, x_proj: Tensor,
+    def _scores(self, lin: torch.nn.Module, x_in: Tensor, x_proj: Tensor,
                 *atts: Tensor) -> Tuple[Tensor, ...]:
         # The attention scores (x_proj * att).sum(-1) of PyG, [N, H] each. With
         # x_proj = lin(x_in) and no bias, they equal x_in @ fold, where fold
@@ -253,7 +255,8 @@ class GATConv(PyGGATConv):
         # over x_in for all the atts, instead of an [N, H, C] product and a
         # reduction per att (and, in the backward, their [N, H, C] gradients).
         w = getattr(lin, "weight", None)
-        if (getattr(lin, "bias", None) is not None or not isinstance(w, Tensor)
+        if (not getattr(self, "fold_scores", True)
+                or getattr(lin, "bias", None) is not None or not isinstance(w, Tensor)
                 or isinstance(w, torch.nn.parameter.UninitializedParameter)
                 or w.dim() != 2 or x_in.dim() != 2 or not x_in.is_floating_point()):
             return tuple((x_proj * att).sum(dim=-1) for att in atts)
