@@ -136,7 +136,8 @@ def run(layer, case, kind, adj, x_src, x_dst, edge_attr, grad_seed=0):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
-@pytest.mark.parametrize("fused", [True, False], ids=["fused_attention", "spmm"])
+@pytest.mark.parametrize("fused", ["fold", "unfolded", "spmm"],
+                         ids=["fused_attention", "fused_unfolded_scores", "spmm"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_matches_pyg(case, kind, fused, dtype, device):
@@ -156,7 +157,8 @@ def test_matches_pyg(case, kind, fused, dtype, device):
                              edge_attr)
 
     ours = ours.to(device, dtype)
-    ours.fused_attention = fused
+    ours.fused_attention = fused != "spmm"
+    ours.fold_scores = fused == "fold"
     adj = make_adj(kind, edge_index.to(device), case.num_src, case.num_dst)
     to = dict(device=device, dtype=dtype)
     out, grads = run(ours, case, kind, adj, x_src.to(**to), x_dst.to(**to),
