@@ -154,3 +154,69 @@ def test_many_destination_rows(heads, channels, index_dtype):
     grad_x = ops.multihead_spmm_backward_x_scatter(rowptr_d, col_d, weight_d, grad_out, num_src)
     assert_close(grad_x, want_gx, "backward_x_scatter")
     assert_close(ops.multihead_sddmm(rowptr_d, col_d, grad_out, x_d), want_gw, "sddmm")
+
+
+def _gat_many_rows(num_rows, heads, channels, index_dtype, device):
+    """The fused attention on a square graph of `num_rows` nodes whose edges
+    join the first and last rows: x, out, grad_out and grad_x have
+    num_rows * H * D elements."""
+    from gat_reference import reference_gat_attention
+
+    from pyg_multihead_agg import gat_attention
+    gen = torch.Generator().manual_seed(7 * heads + channels)
+    dst = edges_to_ends(num_rows, 300, gen).sort().values
+    src = edges_to_ends(num_rows, dst.numel() * 8 // 9, gen)[: dst.numel()]
+    src = src[torch.randperm(src.numel(), generator=gen)]
+    touched_dst, dst_local = local(dst)
+    touched_src, src_local = local(src)
+    rowptr_local = index2ptr(dst_local, touched_dst.numel())
+    s_src = torch.randn(num_rows, heads, generator=gen).to(DTYPE)
+    s_dst = torch.randn(num_rows, heads, generator=gen).to(DTYPE)
+    x_touched = torch.randn(touched_src.numel(), heads, channels, generator=gen).to(DTYPE)
+    grad_touched = torch.randn(touched_dst.numel(), heads, channels, generator=gen).to(DTYPE)
+
+    # Source rows without edges are NaN: neither pass may use them.
+    x = torch.full((num_rows, heads, channels), float("nan"), dtype=DTYPE, device=device)
+    x[touched_src.to(device)] = x_touched.to(device)
+    rowptr = index2ptr(dst.to(device), num_rows).to(index_dtype)
+    col = src.to(device, index_dtype)
+    out, lse = gat_attention(rowptr, col, s_src.to(device), s_dst.to(device), x)
+    leaves = [t.double().requires_grad_() for t in (x_touched, s_src[touched_src],
+                                                    s_dst[touched_dst])]
+    ref_out, ref_lse = reference_gat_attention(rowptr_local, src_local, leaves[1], leaves[2],
+                                               leaves[0])
+    assert_close(out[touched_dst.to(device)], ref_out, "gat_attention out")
+    assert rel_error(lse[touched_dst.to(device)], ref_lse) <= 1e-5
+    assert int(torch.isneginf(lse).sum()) == (num_rows - touched_dst.numel()) * heads
+    assert_zero_elsewhere(out, touched_dst, "gat_attention out")
+    out[touched_dst.to(device)] = ref_out.to(device, DTYPE)  # zeroed by the check above
+
+    grad_out = torch.zeros((num_rows, heads, channels), dtype=DTYPE, device=device)
+    grad_out[touched_dst.to(device)] = grad_touched.to(device)
+    want = torch.autograd.grad(ref_out, leaves, grad_touched.double())
+    del ref_out
+    colptr, row_csc, perm = csr_to_csc(rowptr, col, num_rows)
+    grad_x, grad_s_src, grad_s_dst, _ = ops.gat_attention_backward(
+        rowptr, col, colptr, row_csc, perm, s_src.to(device), s_dst.to(device), None, x, out,
+        lse, grad_out, None, 0.2, 0.0, None)
+    del grad_out, out
+    assert_close(grad_x[touched_src.to(device)], want[0], "gat backward grad_x")
+    assert_zero_elsewhere(grad_x, touched_src, "gat backward grad_x")
+    for got, ids, ref, what in ((grad_s_src, touched_src, want[1], "grad_s_src"),
+                                (grad_s_dst, touched_dst, want[2], "grad_s_dst")):
+        err = rel_error(got[ids.to(device)], ref)
+        assert err <= 4 * TOLERANCE[DTYPE], f"gat backward {what}: relative error {err:.3g}"
+        assert_zero_elsewhere(got, ids, f"gat backward {what}")
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.mem_get_info()[0] < 24 * 2**30,
+                    reason="needs 24 GB of free GPU memory")
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("heads,channels", HEADS_CHANNELS)
+def test_gat_attention_many_rows(heads, channels, index_dtype):
+    """The fused attention's forward and backward (all-heads kernels for
+    4 x 64, per-head kernels for 3 x 85) with x, out, grad_out and grad_x of
+    more than 2**31 elements each."""
+    num_rows = big_rows(heads, channels)
+    assert num_rows * heads * channels > 2**31
+    _gat_many_rows(num_rows, heads, channels, index_dtype, "cuda")

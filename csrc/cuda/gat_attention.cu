@@ -332,13 +332,13 @@ __device__ __forceinline__ void attend_backward(at::opmath_type<scalar_t> (&acc)
     for (int v = 0; v < V; ++v) acc[k][v] = 0;
   gsrc = 0;
   for (int64_t k0 = lo; k0 < hi; k0 += U) {
-    index_t i[U], e[U];  // the index type: int32 graphs keep half the registers
+    int64_t i[U], e[U];
     bool ok[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const bool inside = k0 + u < hi;
-      i[u] = inside ? __ldg(p.idx + k0 + u) : index_t(-1);
-      e[u] = inside ? __ldg(p.perm + k0 + u) : index_t(-1);
+      i[u] = inside ? load_index(p.idx + k0 + u) : -1;
+      e[u] = inside ? load_index(p.perm + k0 + u) : -1;
       ok[u] = inside && in_range(i[u], p.num_gathered) && in_range(e[u], p.num_edges);
     }
     Vec<scalar_t, V> gv[U][VPL];
