@@ -132,8 +132,8 @@ def test_every_specialisation(heads, channels, dtype, index_dtype):
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("heads,channels", [(1, 1), (8, 8), (4, 32), (8, 128), (3, 33), (1, 1024)])
 def test_power_law_with_hub(heads, channels, dtype, index_dtype):
-    """Rows above 64 edges (and the 6000-edge hub) take the block-wide path, so
-    do popular sources in the CSC of the backward."""
+    """Rows above 64 edges (and the 6000-edge hub) take the block-wide path;
+    popular sources in the CSC of the backward are cut into slices."""
     gen = torch.Generator().manual_seed(channels)
     rowptr, col = power_law_graph(300, 200, gen)
     assert int(rowptr.diff().max()) > 5000 and int((rowptr.diff() == 0).sum()) > 0

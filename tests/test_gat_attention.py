@@ -446,6 +446,46 @@ def test_non_contiguous_inputs(device):
         torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6)
 
 
+NONFINITE_CASES = [0, 3, 4]  # the all-heads path, the per-head path (D = 33), a hub row
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", [CASES[i] for i in NONFINITE_CASES],
+                         ids=[CASE_IDS[i] for i in NONFINITE_CASES])
+def test_nonfinite_inputs_propagate(case, device):
+    """NaN and inf in x and the scores give NaN / inf exactly where the float64
+    reference has them, and the reference's values elsewhere: a NaN feature
+    reaches that feature of every row using the source; a +inf or NaN score
+    makes its rows' head NaN (out and lse); a -inf edge score only drops the
+    edge; a head whose every score is -inf is NaN (0 / 0); rows without
+    edges keep out = 0 and lse = -inf. Covers the one-pass forward's rescaling
+    and, through the hub row, its block-wide merge."""
+    inp = make_inputs(case, torch.float32, device=device, seed=8)
+    rowptr, col = inp.rowptr.long().cpu(), inp.col.long().cpu()
+    deg = rowptr.diff()
+    heads = inp.x.size(1)
+    busiest = int(deg.argmax())
+    first = int(rowptr[busiest])
+    other = next(r for r in range(deg.numel()) if r != busiest and deg[r] > 0)
+    nan, inf = float("nan"), float("inf")
+    with torch.no_grad():
+        inp.x[col[first + 1], 0, 0] = nan
+        inp.s_src[col[first], heads - 1] = inf
+        inp.s_src[col[-1], 0] = nan
+        inp.s_edge[first + 2, heads // 2] = -inf
+        inp.s_dst[other, heads // 2] = -inf
+    out, lse = run_op(inp)
+    ref_out, ref_lse = run_reference(inp)
+    assert ref_out.isnan().any() and ref_lse.isnan().any() and ref_out.isfinite().any()
+    for got, ref, name, tol in ((out, ref_out, "out", TOLERANCE[torch.float32]),
+                                (lse, ref_lse, "lse", LSE_TOLERANCE[torch.float32])):
+        got = got.detach().cpu().double()
+        for kind in (torch.isnan, torch.isposinf, torch.isneginf):
+            assert torch.equal(kind(got), kind(ref)), f"{name}: {kind.__name__} pattern differs"
+        finite = ref.isfinite()
+        assert rel_error(got[finite], ref[finite]) <= tol, name
+
+
 # ---------------------------------------------------------------------------
 # Backward
 # ---------------------------------------------------------------------------

@@ -290,6 +290,34 @@ __device__ __forceinline__ void for_each_slice_or_row(const index_t* ptr, int64_
   }
 }
 
+// The second kernel of a sliced pass: for every sliced row r, out_a[r, f] =
+// the sum of part_a[slot, f] over r's slots in slice order (fixed, so
+// deterministic), f < width_a, and the same for b (width_b may be 0). One
+// block per row at a time.
+template <typename scalar_t, typename index_t, typename acc_t>
+__global__ void __launch_bounds__(kThreads)
+    sum_slices_kernel(const index_t* __restrict__ ptr, int64_t num_edges, const SliceList sl,
+                      const acc_t* __restrict__ part_a, scalar_t* __restrict__ out_a, int width_a,
+                      const acc_t* __restrict__ part_b, scalar_t* __restrict__ out_b,
+                      int width_b) {
+  const int64_t num_long = static_cast<int64_t>(sl.counters[0]);
+  for (int64_t li = blockIdx.x; li < num_long; li += gridDim.x) {
+    const int64_t r = sl.long_rows[li], base = sl.long_base[li];
+    int64_t lo, hi;
+    row_range(ptr, r, num_edges, lo, hi);
+    const int64_t n = (hi - lo + sl.slice_len - 1) / sl.slice_len;
+    for (int f = threadIdx.x; f < width_a + width_b; f += kThreads) {
+      const bool is_a = f < width_a;
+      const int width = is_a ? width_a : width_b, c = is_a ? f : f - width_a;
+      const acc_t* src = (is_a ? part_a : part_b) + base * width + c;
+      acc_t s = 0;
+#pragma unroll 8
+      for (int64_t k = 0; k < n; ++k) s += src[k * width];
+      (is_a ? out_a : out_b)[r * width + c] = static_cast<scalar_t>(s);
+    }
+  }
+}
+
 // The contiguous slice of [lo, hi) that group `group` of `groups` (a power of
 // two: a shift, not a 64-bit division, which would be a subroutine call) takes
 // in a long row.
@@ -423,6 +451,17 @@ SliceList make_slice_list(const index_t* ptr, int64_t num_rows, int64_t num_edge
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   return sl;
+}
+
+// Launches sum_slices_kernel (see there) on the current stream.
+template <typename scalar_t, typename index_t, typename acc_t>
+void launch_sum_slices(const index_t* ptr, int64_t num_edges, const SliceList& sl,
+                       const acc_t* part_a, scalar_t* out_a, int width_a, const acc_t* part_b,
+                       scalar_t* out_b, int width_b) {
+  sum_slices_kernel<scalar_t, index_t, acc_t>
+      <<<num_sms() * 2, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+          ptr, num_edges, sl, part_a, out_a, width_a, part_b, out_b, width_b);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // Resident blocks of a persistent kernel, no more than there is work for.

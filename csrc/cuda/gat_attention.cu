@@ -2,28 +2,33 @@
 // softmax, Philox dropout and aggregation in one pass per destination row,
 // and the backward from the CSC with the attention recomputed from lse.
 //
-// Layout. Unlike multihead_spmm's kernels (one group of lanes per row, all
-// heads), a work item here is one (row, head) pair, handled by a group of G
-// lanes that owns that head's D features (16-byte vectors when D allows,
-// single elements otherwise; VPL vectors per lane). The softmax statistics of
-// a head are then a reduction over the group alone. Items are numbered
-// r * H + h, so the heads of one row go to neighbouring groups of a warp and
-// share its indices and scores in L1.
+// Two kernel families. The fast path (further down, "all heads of a row per
+// group"): a group of lanes owns a whole row of H * D features, as in
+// multihead_spmm, when a head is a power-of-two number of 16-byte vectors;
+// its forward makes one pass per row with an online softmax, its backward
+// walks the CSC with long columns cut into slices. The fallback for other
+// shapes (first below): a work item is one (row, head) pair, handled by a
+// group of G lanes that owns that head's D features (16-byte vectors when D
+// allows, single elements otherwise; VPL vectors per lane). The softmax
+// statistics of a head are then a reduction over the group alone. Items are
+// numbered r * H + h, so the heads of one row go to neighbouring groups of a
+// warp and share its indices and scores in L1.
 //
-// Forward, per item (i, h): pass 1 over the row's edges, lanes striding over
-// edges, computes the exact row maximum and sum of exp (online, combined by a
-// butterfly) and so lse; pass 2 gathers x[j, h] with U edges in flight per
-// lane and weight exp(leaky_relu(z) - lse) * dropout mask. Rows longer than
-// the long-row threshold are processed by a whole block, head by head, with
-// the partial statistics and sums combined through shared memory in a fixed
-// order (deterministic).
+// Fallback forward, per item (i, h): pass 1 over the row's edges, lanes
+// striding over edges, computes the exact row maximum and sum of exp
+// (online, combined by a butterfly) and so lse; pass 2 gathers x[j, h] with U
+// edges in flight per lane and weight exp(leaky_relu(z) - lse) * dropout
+// mask. Rows longer than the long-row threshold are processed by a whole
+// block, head by head, with the partial statistics and sums combined through
+// shared memory in a fixed order (deterministic).
 //
-// Backward, per item (j, h) of the CSC: x[j, h] is held in registers; for
-// each in-edge (i = row[k], e = perm[k]) the group gathers grad_out[i, h],
-// takes <grad_out[i, h], x[j, h]> by a butterfly, recomputes alpha and the
-// mask, and accumulates grad_x[j, h] and grad_s_src[j, h]; grad_z[e, h] goes
-// to an E x H buffer (written once per edge), from which a second small
-// kernel sums grad_s_dst over the CSR rows. No atomics; fixed order.
+// Fallback backward, per item (j, h) of the CSC: x[j, h] is held in
+// registers; for each in-edge (i = row[k], e = perm[k]) the group gathers
+// grad_out[i, h], takes <grad_out[i, h], x[j, h]> by a butterfly, recomputes
+// alpha and the mask, and accumulates grad_x[j, h] and grad_s_src[j, h];
+// grad_z[e, h] goes to an E x H buffer (written once per edge), from which a
+// second small kernel sums grad_s_dst over the CSR rows. No atomics; fixed
+// order.
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -133,8 +138,11 @@ __device__ __forceinline__ void merge_stats(acc_t& mx, acc_t& sum, acc_t omx, ac
 }
 
 template <typename acc_t>
-__device__ __forceinline__ acc_t stats_lse(acc_t mx, acc_t sum) {
-  return sum > acc_t(0) ? mx + log_(sum) : -std::numeric_limits<acc_t>::infinity();
+__device__ __forceinline__ acc_t stats_lse(acc_t mx, acc_t sum, bool nonempty) {
+  // As in the reference (and the CPU kernel): -inf for a row without edges;
+  // NaN when every score is -inf (0 / 0) or a score is NaN or +inf (a NaN sum).
+  if (!nonempty) return -std::numeric_limits<acc_t>::infinity();
+  return sum == acc_t(0) ? std::numeric_limits<acc_t>::quiet_NaN() : mx + log_(sum);
 }
 
 // Softmax statistics of head h over edges lo + lane, lo + lane + stride, ...
@@ -269,7 +277,7 @@ __global__ void __launch_bounds__(kThreads, forward_min_blocks<scalar_t>())
     acc_t mx, sum;
     row_stats(p, r, h, lo, hi, lane, G, mx, sum);
     group_merge_stats(mx, sum, G, mask);
-    const acc_t lse = stats_lse(mx, sum);
+    const acc_t lse = stats_lse(mx, sum, hi > lo);
     if (lane == 0) p.lse_out[r * p.H + h] = lse;
     for (int chunk = 0; chunk < p.num_chunks; ++chunk) {
       const auto m = head_lanes<V, VPL>(chunk, lane, G, p.D);
@@ -297,7 +305,7 @@ __global__ void __launch_bounds__(kThreads, forward_min_blocks<scalar_t>())
       mx = s_mx[0];
       sum = s_sum[0];
       for (int g = 1; g < groups; ++g) merge_stats(mx, sum, s_mx[g], s_sum[g]);
-      const acc_t lse = stats_lse(mx, sum);
+      const acc_t lse = stats_lse(mx, sum, true);  // (a long row has edges)
       if (threadIdx.x == 0) p.lse_out[r * p.H + h] = lse;
       for (int chunk = 0; chunk < p.num_chunks; ++chunk) {
         const auto m = head_lanes<V, VPL>(chunk, lane, G, p.D);
@@ -564,16 +572,23 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
 #pragma unroll
     for (int v = 0; v < V; ++v) acc[k][v] = 0;
   }
-  for (int64_t k0 = lo; k0 < hi; k0 += U) {
-    index_t i[U], e[U];  // the index type: int32 graphs keep half the registers
-    bool ok[U];
+  // The entries' indices one step ahead: a step's gathers wait only for
+  // indices loaded during the previous step's arithmetic.
+  index_t i[U], e[U];  // the index type: int32 graphs keep half the registers
+  auto load_indices = [&](int64_t k0, index_t(&ni)[U], index_t(&ne)[U]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const bool inside = k0 + u < hi;
-      i[u] = inside ? __ldg(p.idx + k0 + u) : index_t(-1);
-      e[u] = inside ? __ldg(p.perm + k0 + u) : index_t(-1);
-      ok[u] = inside && in_range(i[u], p.num_gathered) && in_range(e[u], p.num_edges);
+      ni[u] = inside ? __ldg(p.idx + k0 + u) : index_t(-1);
+      ne[u] = inside ? __ldg(p.perm + k0 + u) : index_t(-1);
     }
+  };
+  load_indices(lo, i, e);
+  for (int64_t k0 = lo; k0 < hi; k0 += U) {
+    bool ok[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      ok[u] = k0 + u < hi && in_range(i[u], p.num_gathered) && in_range(e[u], p.num_edges);
     Vec<scalar_t, V> gv[U][VPL];
     RowAux<acc_t> ax[U][VPL];
 #pragma unroll
@@ -601,6 +616,8 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
     unsigned keep[VPL];
     if (p.rng.threshold != 0)
       draw_keep_bits<U, VPL>(keep, p.rng, p.perm, k0, hi, q, p.log2S, m.head);
+    index_t ni[U], ne[U];
+    load_indices(k0 + U, ni, ne);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (k0 + u >= hi) break;  // group-uniform: no shuffles for a partial step's padding
@@ -622,6 +639,11 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
         if (q == 0) p.grad_z[static_cast<int64_t>(e[u]) * p.H + m.head[k]] = gz;
       }
     }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      i[u] = ni[u];
+      e[u] = ne[u];
+    }
   }
 }
 
@@ -630,16 +652,19 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
 // multiprocessor: float32 rows of one vector per lane fit 96 registers, 5
 // blocks = 20 warps instead of 2 x 8 with 256 threads (the kernel is
 // latency-bound: more warps, more gathers in flight). Other rows: at most 128
-// registers (4 blocks) or, with 4 vectors per lane, one block's worth.
+// registers (4 blocks) or, with 4 vectors per lane, one block's worth. With
+// 64-bit indices the prefetched indices take 8 more registers and 5 blocks
+// would spill (52 bytes), so those get 4.
 constexpr int kBackwardThreads = 128;
 
-template <typename scalar_t, int VPL>
+template <typename scalar_t, typename index_t, int VPL>
 constexpr int backward_min_blocks() {
-  return VPL >= 4 ? 1 : (VPL == 1 && sizeof(scalar_t) == 4 ? 5 : 4);
+  return VPL >= 4 ? 1
+                  : (VPL == 1 && sizeof(scalar_t) == 4 && sizeof(index_t) == 4 ? 5 : 4);
 }
 
 template <typename scalar_t, typename index_t, int V, int VPL>
-__global__ void __launch_bounds__(kBackwardThreads, backward_min_blocks<scalar_t, VPL>())
+__global__ void __launch_bounds__(kBackwardThreads, backward_min_blocks<scalar_t, index_t, VPL>())
     gat_backward_rows_kernel(const GatParams<scalar_t, index_t> p, const SliceList sl) {
   using acc_t = at::opmath_type<scalar_t>;
   const int G = p.G, lane = threadIdx.x & (G - 1);
@@ -667,36 +692,6 @@ __global__ void __launch_bounds__(kBackwardThreads, backward_min_blocks<scalar_t
     }
   };
   for_each_slice_or_row(p.ptr, p.num_edges, sl, G, slice, row);
-}
-
-// grad_x[j] and grad_s_src[j] of every sliced column j: the sum of its
-// slices' partials in slice order, one block per column.
-template <typename scalar_t, typename index_t, typename acc_t>
-__global__ void __launch_bounds__(kThreads)
-    gat_backward_finalize_kernel(const index_t* __restrict__ ptr, int64_t num_edges,
-                                 const SliceList sl, const acc_t* __restrict__ part_x,
-                                 const acc_t* __restrict__ part_src, scalar_t* __restrict__ grad_x,
-                                 scalar_t* __restrict__ grad_src, int H, int HD) {
-  const int64_t num_long = static_cast<int64_t>(sl.counters[0]);
-  for (int64_t li = blockIdx.x; li < num_long; li += gridDim.x) {
-    const int64_t r = sl.long_rows[li], base = sl.long_base[li];
-    int64_t lo, hi;
-    row_range(ptr, r, num_edges, lo, hi);
-    const int64_t n = (hi - lo + sl.slice_len - 1) / sl.slice_len;
-    for (int f = threadIdx.x; f < HD + H; f += kThreads) {
-      const bool is_x = f < HD;
-      const int64_t stride = is_x ? HD : H;
-      const acc_t* src = is_x ? part_x + base * HD + f : part_src + base * H + (f - HD);
-      acc_t s = 0;
-#pragma unroll 8
-      for (int64_t k = 0; k < n; ++k) s += src[k * stride];
-      if (is_x) {
-        grad_x[r * HD + f] = static_cast<scalar_t>(s);
-      } else {
-        grad_src[r * H + (f - HD)] = static_cast<scalar_t>(s);
-      }
-    }
-  }
 }
 
 // aux[i, h] = (s_dst, lse, delta - grad_lse) with delta[i, h] = <grad_out[i, h],
@@ -739,80 +734,60 @@ __global__ void __launch_bounds__(kThreads)
 // ---------------------------------------------------------------------------
 //
 // The lane layout of gat_backward_rows_kernel: a group owns the row's H * D
-// features, S lanes per head. Pass 1: the S lanes of each head stride over
-// the row's entries (q, q + S, ...) for the exact maximum and sum of exp,
-// merged by an S-lane butterfly; pass 2: U entries per step, their col loaded
-// once for all heads and x[j] gathered as one coalesced row. The per-head
-// kernel above instead ran each (row, head) as its own item, loading the
-// row's indices H times.
+// features, S lanes per head. One pass over the row with an online softmax:
+// U entries per step, their col loaded once for all heads, then x[j] (one
+// coalesced row) and s_src[j] together; each lane keeps its heads' running
+// maximum, the sum of exp(l - max) before dropout, and the accumulated
+// exp(l - max) * mask * x[j], rescaled when the maximum grows. The S lanes of
+// a head see the same scores, so their statistics agree without shuffles.
+// (The per-head kernel above makes two passes: exact statistics first, then
+// the weighted gather.) Session 3's version of this kernel made those two
+// dependent passes too and ran at 1.9x the plain aggregation's time.
 
-// Pass 1 for this lane's heads over entries lo + q, lo + q + S, ... < hi.
+// The online-softmax state of this lane's heads over entries [lo, hi) of a
+// row with destination scores sd: running maximum mx, sum of exp(l - mx), and
+// acc = sum_e exp(l[e] - mx) * mask[e] * x[col[e], h] (not yet normalised).
 template <typename scalar_t, typename index_t, int V, int VPL>
-__device__ __forceinline__ void row_stats_heads(const GatParams<scalar_t, index_t>& p,
-                                                int64_t lo, int64_t hi, int q,
-                                                const RowLanes<V, VPL>& m,
-                                                const at::opmath_type<scalar_t> (&sd)[VPL],
-                                                at::opmath_type<scalar_t> (&mx)[VPL],
-                                                at::opmath_type<scalar_t> (&sum)[VPL]) {
+__device__ __forceinline__ void attend_heads_online(at::opmath_type<scalar_t> (&acc)[VPL][V],
+                                                    at::opmath_type<scalar_t> (&mx)[VPL],
+                                                    at::opmath_type<scalar_t> (&sum)[VPL],
+                                                    const GatParams<scalar_t, index_t>& p,
+                                                    int64_t lo, int64_t hi, int q, unsigned mask,
+                                                    const RowLanes<V, VPL>& m,
+                                                    const at::opmath_type<scalar_t> (&sd)[VPL]) {
   using acc_t = at::opmath_type<scalar_t>;
-  constexpr int kU = 4;
-  const int S = p.S;
+  constexpr int U = kLoadsInFlight / VPL;
 #pragma unroll
   for (int k = 0; k < VPL; ++k) {
     mx[k] = -std::numeric_limits<acc_t>::infinity();
     sum[k] = 0;
-  }
-  for (int64_t e0 = lo + q; e0 < hi; e0 += static_cast<int64_t>(kU) * S) {
-    acc_t l[kU][VPL];
-    bool ok[kU];
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int64_t e = e0 + static_cast<int64_t>(u) * S;
-      const int64_t j = e < hi ? load_index(p.idx + e) : -1;
-      ok[u] = e < hi && in_range(j, p.num_gathered);
-#pragma unroll
-      for (int k = 0; k < VPL; ++k) {
-        acc_t z = ok[u] && m.valid[k] ? load_value(p.s_src + j * p.H + m.head[k]) + sd[k]
-                                      : acc_t(0);
-        if (ok[u] && m.valid[k] && p.s_edge != nullptr)
-          z += load_value(p.s_edge + e * p.H + m.head[k]);
-        l[u][k] = leaky(z, p.negative_slope);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kU; ++u)
-#pragma unroll
-      for (int k = 0; k < VPL; ++k)
-        if (ok[u]) merge_stats(mx[k], sum[k], l[u][k], acc_t(1));
-  }
-}
-
-// Pass 2 for this lane's heads over entries [lo, hi):
-// acc = sum_e exp(l[e] - lse) * mask[e] * x[col[e], h].
-template <typename scalar_t, typename index_t, int V, int VPL>
-__device__ __forceinline__ void attend_heads(at::opmath_type<scalar_t> (&acc)[VPL][V],
-                                             const GatParams<scalar_t, index_t>& p, int64_t lo,
-                                             int64_t hi, int q, unsigned mask,
-                                             const RowLanes<V, VPL>& m,
-                                             const at::opmath_type<scalar_t> (&sd)[VPL],
-                                             const at::opmath_type<scalar_t> (&lse)[VPL]) {
-  using acc_t = at::opmath_type<scalar_t>;
-  constexpr int U = kLoadsInFlight / VPL;
-#pragma unroll
-  for (int k = 0; k < VPL; ++k)
 #pragma unroll
     for (int v = 0; v < V; ++v) acc[k][v] = 0;
+  }
+  // col one step ahead (as in backward_row), so that a step's gathers do not
+  // wait for its indices; not for half types, where the 8 more registers
+  // would make ptxas spill ~200 bytes under the 128-register bound.
+  constexpr bool kPrefetch = sizeof(scalar_t) >= 4;
+  index_t jn[U];  // the next step's (kPrefetch)
+  if constexpr (kPrefetch) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) jn[u] = lo + u < hi ? __ldg(p.idx + lo + u) : index_t(-1);
+  }
   for (int64_t e0 = lo; e0 < hi; e0 += U) {
     index_t j[U];
-    bool ok[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const bool inside = e0 + u < hi;
-      j[u] = inside ? __ldg(p.idx + e0 + u) : index_t(-1);
-      ok[u] = inside && in_range(j[u], p.num_gathered);
+      if constexpr (kPrefetch) {
+        j[u] = jn[u];
+      } else {
+        j[u] = e0 + u < hi ? __ldg(p.idx + e0 + u) : index_t(-1);
+      }
     }
+    bool ok[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) ok[u] = e0 + u < hi && in_range(j[u], p.num_gathered);
     Vec<scalar_t, V> xv[U][VPL];
-    acc_t z[U][VPL];
+    acc_t l[U][VPL];
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
@@ -821,15 +796,35 @@ __device__ __forceinline__ void attend_heads(at::opmath_type<scalar_t> (&acc)[VP
         xv[u][k] = use ? load_vec<scalar_t, V>(p.x + static_cast<int64_t>(j[u]) * p.HD +
                                                m.feat[k])
                        : zero_vec<scalar_t, V>();
-        z[u][k] = use ? load_value(p.s_src + static_cast<int64_t>(j[u]) * p.H + m.head[k]) +
+        acc_t z = use ? load_value(p.s_src + static_cast<int64_t>(j[u]) * p.H + m.head[k]) +
                             sd[k]
                       : acc_t(0);
-        if (use && p.s_edge != nullptr)
-          z[u][k] += load_value(p.s_edge + (e0 + u) * p.H + m.head[k]);
+        if (use && p.s_edge != nullptr) z += load_value(p.s_edge + (e0 + u) * p.H + m.head[k]);
+        l[u][k] = use ? leaky(z, p.negative_slope)
+                      : -std::numeric_limits<acc_t>::infinity();
       }
     unsigned keep[VPL];
     if (p.rng.threshold != 0)
       draw_keep_bits<U, VPL, index_t>(keep, p.rng, nullptr, e0, hi, q, p.log2S, m.head);
+    if constexpr (kPrefetch) {
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        jn[u] = e0 + U + u < hi ? __ldg(p.idx + e0 + U + u) : index_t(-1);
+    }
+    // The step's new maximum, and the old state rescaled to it (a factor of
+    // exactly 1 when it did not grow). A NaN score never wins a comparison
+    // but reaches sum and acc through its weight below.
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      acc_t nm = mx[k];
+#pragma unroll
+      for (int u = 0; u < U; ++u) nm = l[u][k] > nm ? l[u][k] : nm;
+      const acc_t c = exp_shift(mx[k], nm);
+      sum[k] *= c;
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[k][v] *= c;
+      mx[k] = nm;
+    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (e0 + u >= hi) break;  // group-uniform
@@ -839,9 +834,11 @@ __device__ __forceinline__ void attend_heads(at::opmath_type<scalar_t> (&acc)[VP
                              ? keep_scale(keep[k], u, p.S, p.log2S, mask, p.scale)
                              : acc_t(1);
         if (!(ok[u] && m.valid[k])) continue;
-        const acc_t w = exp_(leaky(z[u][k], p.negative_slope) - lse[k]) * mk;
+        const acc_t w = exp_shift(l[u][k], mx[k]);
+        sum[k] += w;
+        const acc_t wm = w * mk;
 #pragma unroll
-        for (int v = 0; v < V; ++v) acc[k][v] += w * static_cast<acc_t>(xv[u][k].val[v]);
+        for (int v = 0; v < V; ++v) acc[k][v] += wm * static_cast<acc_t>(xv[u][k].val[v]);
       }
     }
   }
@@ -865,34 +862,34 @@ __global__ void __launch_bounds__(kThreads, VPL >= 4 ? 1 : 2)
       sd[k] = m.valid[k] ? load_value(p.s_dst + r * p.H + m.head[k]) : acc_t(0);
   };
   auto short_row = [&](int64_t, int64_t r, int64_t lo, int64_t hi) {
-    acc_t sd[VPL], mx[VPL], sum[VPL], lse[VPL];
+    acc_t sd[VPL], mx[VPL], sum[VPL], acc[VPL][V];
     load_sd(r, sd);
-    row_stats_heads(p, lo, hi, q, m, sd, mx, sum);
+    attend_heads_online(acc, mx, sum, p, lo, hi, q, mask, m, sd);
 #pragma unroll
     for (int k = 0; k < VPL; ++k) {
-      group_merge_stats(mx[k], sum[k], S, mask);
-      lse[k] = stats_lse(mx[k], sum[k]);
-      if (q == 0 && m.valid[k]) p.lse_out[r * p.H + m.head[k]] = lse[k];
-    }
-    acc_t acc[VPL][V];
-    attend_heads(acc, p, lo, hi, q, mask, m, sd, lse);
+      if (!m.valid[k]) continue;
+      if (q == 0) p.lse_out[r * p.H + m.head[k]] = stats_lse(mx[k], sum[k], hi > lo);
+      // An empty row gives 0; a row whose scores are all -inf gives 0 / 0 =
+      // NaN, as exp(l - lse) does in the reference.
+      const acc_t inv = hi > lo ? acc_t(1) / sum[k] : acc_t(0);
 #pragma unroll
-    for (int k = 0; k < VPL; ++k)
-      if (m.valid[k]) store_vec<scalar_t, V>(p.out + r * p.HD + m.feat[k], acc[k]);
+      for (int v = 0; v < V; ++v) acc[k][v] *= inv;
+      store_vec<scalar_t, V>(p.out + r * p.HD + m.feat[k], acc[k]);
+    }
   };
   // A long row: each group takes a contiguous slice of the entries (all
-  // heads); the statistics and then the sums are merged over the groups in
-  // group order through shared memory.
+  // heads) with its own online state; the states are merged over the groups
+  // in group order through shared memory (the maxima and sums first, then
+  // the rescaled sums of block_reduce_store).
   auto long_row = [&](int64_t r, int64_t lo, int64_t hi) {
     int64_t slo, shi;
     group_slice(lo, hi, group, groups, slo, shi);
     const int slots = p.G / S * VPL;  // head slots per group
-    acc_t sd[VPL], mx[VPL], sum[VPL], lse[VPL];
+    acc_t sd[VPL], mx[VPL], sum[VPL], acc[VPL][V];
     load_sd(r, sd);
-    row_stats_heads(p, slo, shi, q, m, sd, mx, sum);
+    attend_heads_online(acc, mx, sum, p, slo, shi, q, mask, m, sd);
 #pragma unroll
     for (int k = 0; k < VPL; ++k) {
-      group_merge_stats(mx[k], sum[k], S, mask);
       if (q == 0) {
         s_mx[group * slots + m.head[k]] = mx[k];
         s_sum[group * slots + m.head[k]] = sum[k];
@@ -901,15 +898,15 @@ __global__ void __launch_bounds__(kThreads, VPL >= 4 ? 1 : 2)
     __syncthreads();
 #pragma unroll
     for (int k = 0; k < VPL; ++k) {
-      mx[k] = s_mx[m.head[k]];
-      sum[k] = s_sum[m.head[k]];
+      acc_t row_mx = s_mx[m.head[k]], row_sum = s_sum[m.head[k]];
       for (int g = 1; g < groups; ++g)
-        merge_stats(mx[k], sum[k], s_mx[g * slots + m.head[k]], s_sum[g * slots + m.head[k]]);
-      lse[k] = stats_lse(mx[k], sum[k]);
-      if (group == 0 && q == 0 && m.valid[k]) p.lse_out[r * p.H + m.head[k]] = lse[k];
+        merge_stats(row_mx, row_sum, s_mx[g * slots + m.head[k]], s_sum[g * slots + m.head[k]]);
+      if (group == 0 && q == 0 && m.valid[k])
+        p.lse_out[r * p.H + m.head[k]] = stats_lse(row_mx, row_sum, true);
+      const acc_t f = exp_shift(mx[k], row_mx) * (acc_t(1) / row_sum);
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[k][v] *= f;
     }
-    acc_t acc[VPL][V];
-    attend_heads(acc, p, slo, shi, q, mask, m, sd, lse);
     block_reduce_store<scalar_t, acc_t, V, VPL>(red, acc, G, lane, 0, p.HD, p.out + r * p.HD);
     // (block_reduce_store ends with a barrier: s_mx / s_sum are free again)
   };
@@ -1096,10 +1093,9 @@ void launch_gat_backward(GatParams<scalar_t, index_t> p, const scalar_t* out,
                stream>>>(p, sl);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
-    gat_backward_finalize_kernel<scalar_t, index_t, acc_t>
-        <<<num_sms() * 2, kThreads, 0, stream>>>(p.ptr, p.num_edges, sl, p.part_x, p.part_src,
-                                                 p.out, p.grad_s_src, p.H, p.HD);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    // grad_x[j] and grad_s_src[j] of every sliced column j: its slices' sum
+    launch_sum_slices(p.ptr, p.num_edges, sl, p.part_x, p.out, p.HD, p.part_src,
+                      p.grad_s_src, p.H);
   } else {
     const auto c = head_config<scalar_t>(p.D, aligned);
     TORCH_CHECK(c.num_chunks <= 1, "gat_attention_backward: the CUDA kernel supports heads of "

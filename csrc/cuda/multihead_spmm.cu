@@ -19,7 +19,11 @@
 // block (contiguous edge slices, partial sums reduced through shared memory
 // in a fixed order, so the result is deterministic), then tiles of short rows,
 // one row per group. Hubs thus start first and spread over 8 warps instead of
-// stalling one warp at the end of the grid.
+// stalling one warp at the end of the grid. The dot-gather kernel (the
+// backward over the CSC) instead cuts long rows into slices that any group
+// takes (SliceList in common.cuh), with a second kernel adding each row's
+// slice partials in slice order: no block-wide step, so it runs 128-thread
+// blocks sized by its registers.
 //
 // Malformed graphs never fault: every row range is clamped to [0, E] (empty
 // when decreasing) and entries whose index (col, row or perm) is out of range
@@ -169,6 +173,7 @@ struct DotParams {
   const scalar_t* weight;      // [E, H] or nullptr
   scalar_t* acc_out;           // [num_rows, H, D] when weight
   scalar_t* dot_out;           // [E, H]
+  at::opmath_type<scalar_t>* part;  // [slots, H * D] sliced rows' partial acc_out (weight)
   int64_t num_rows, num_gathered, num_edges;
   int H, D, HD, G, S, num_chunks;
 };
@@ -181,13 +186,14 @@ __device__ __forceinline__ void dot_step(at::opmath_type<scalar_t> (&acc)[VPL][V
                                          unsigned mask, bool leader) {
   using acc_t = at::opmath_type<scalar_t>;
   const bool with_weight = p.weight != nullptr;
-  int64_t src[U], e[U];
+  index_t src[U], e[U];  // the index type: int32 graphs keep half the registers
   bool ok[U], e_ok[U];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const bool inside = e0 + u < hi;  // the last step of a row is partial
-    src[u] = inside ? load_index(p.idx + e0 + u) : -1;
-    e[u] = (inside && p.perm != nullptr) ? load_index(p.perm + e0 + u) : e0 + u;
+    src[u] = inside ? __ldg(p.idx + e0 + u) : index_t(-1);
+    e[u] = (inside && p.perm != nullptr) ? __ldg(p.perm + e0 + u)
+                                         : static_cast<index_t>(e0 + u);
     e_ok[u] = inside && in_range(e[u], p.num_edges);
     ok[u] = e_ok[u] && in_range(src[u], p.num_gathered);
   }
@@ -198,9 +204,12 @@ __device__ __forceinline__ void dot_step(at::opmath_type<scalar_t> (&acc)[VPL][V
 #pragma unroll
     for (int k = 0; k < VPL; ++k) {
       const bool load = ok[u] && m.valid[k];
-      gv[u][k] = load ? load_vec<scalar_t, V>(p.gathered + src[u] * p.HD + m.feat[k])
+      gv[u][k] = load ? load_vec<scalar_t, V>(p.gathered + static_cast<int64_t>(src[u]) * p.HD +
+                                              m.feat[k])
                       : zero_vec<scalar_t, V>();
-      w[u][k] = (load && with_weight) ? load_value(p.weight + e[u] * p.H + m.head[k]) : acc_t(0);
+      w[u][k] = (load && with_weight)
+                    ? load_value(p.weight + static_cast<int64_t>(e[u]) * p.H + m.head[k])
+                    : acc_t(0);
     }
 #pragma unroll
   for (int u = 0; u < U; ++u) {
@@ -219,7 +228,7 @@ __device__ __forceinline__ void dot_step(at::opmath_type<scalar_t> (&acc)[VPL][V
       if (last[k]) {
         for (int off = p.S >> 1; off > 0; off >>= 1) run += __shfl_xor_sync(mask, run, off);
         if (leader && m.valid[k] && e_ok[u])
-          p.dot_out[e[u] * p.H + m.head[k]] = static_cast<scalar_t>(run);
+          p.dot_out[static_cast<int64_t>(e[u]) * p.H + m.head[k]] = static_cast<scalar_t>(run);
         run = 0;
       }
     }
@@ -249,40 +258,49 @@ __device__ __forceinline__ void dot_entries(at::opmath_type<scalar_t> (&acc)[VPL
   for (int64_t e = lo; e < hi; e += U) dot_step<U>(acc, rv, e, hi, p, m, last, mask, leader);
 }
 
-template <typename scalar_t, typename index_t, int V, int VPL>
-__global__ void __launch_bounds__(kThreads, 1)  // 2 would spill for half types
-    dot_gather_kernel(const DotParams<scalar_t, index_t> p, const WorkList wl) {
-  using acc_t = at::opmath_type<scalar_t>;
-  __shared__ acc_t red[kThreads * VPL * V];
-  const int G = p.G, lane = threadIdx.x & (G - 1);
-  const int group = threadIdx.x / G, groups = kThreads / G;
-  const bool with_weight = p.weight != nullptr;
+// Blocks of 128 threads and no block-wide step: long rows are cut into
+// slices (SliceList) that any group takes, each writing its partial acc_out
+// row to a scratch slot, summed in slice order by sum_slices_kernel. (The
+// session-2 kernel ran long rows block-wide: on a reddit-like CSC one SM ran
+// 1.57x the average.) Registers then set the warps per multiprocessor.
+constexpr int kDotThreads = 128;
 
-  auto short_row = [&](int64_t, int64_t r, int64_t lo, int64_t hi) {
+template <typename scalar_t, int VPL>
+constexpr int dot_min_blocks() {
+  // float32, one vector per lane: 96 registers, 5 blocks = 20 warps; half
+  // types with two vectors per lane would spill ~140 bytes under 128
+  // registers, so they get 3 blocks (12 warps; the 256-thread kernel had 8).
+  if (VPL >= 4) return 1;
+  if (VPL == 2 && sizeof(scalar_t) == 2) return 3;
+  return VPL == 1 && sizeof(scalar_t) == 4 ? 5 : 4;
+}
+
+template <typename scalar_t, typename index_t, int V, int VPL>
+__global__ void __launch_bounds__(kDotThreads, dot_min_blocks<scalar_t, VPL>())
+    dot_gather_kernel(const DotParams<scalar_t, index_t> p, const SliceList sl) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int G = p.G, lane = threadIdx.x & (G - 1);
+  const bool with_weight = p.weight != nullptr;
+  // Entries [lo, hi) of row r; acc_out's row (slot < 0) or a slice's partial.
+  auto entries = [&](int64_t slot, int64_t r, int64_t lo, int64_t hi) {
     for (int chunk = 0; chunk < p.num_chunks; ++chunk) {
       const auto m = lane_map<V, VPL>(chunk, lane, G, p.D, p.HD);
       acc_t acc[VPL][V];
       dot_entries(acc, r, lo, hi, p, m, lane);
-      if (with_weight) {
+      if (!with_weight) continue;
 #pragma unroll
-        for (int k = 0; k < VPL; ++k)
-          if (m.valid[k]) store_vec<scalar_t, V>(p.acc_out + r * p.HD + m.feat[k], acc[k]);
+      for (int k = 0; k < VPL; ++k) {
+        if (!m.valid[k]) continue;
+        if (slot >= 0) {
+          store_vec<acc_t, V>(p.part + slot * p.HD + m.feat[k], acc[k]);
+        } else {
+          store_vec<scalar_t, V>(p.acc_out + r * p.HD + m.feat[k], acc[k]);
+        }
       }
     }
   };
-  auto long_row = [&](int64_t r, int64_t lo, int64_t hi) {
-    int64_t slo, shi;
-    group_slice(lo, hi, group, groups, slo, shi);
-    for (int chunk = 0; chunk < p.num_chunks; ++chunk) {
-      const auto m = lane_map<V, VPL>(chunk, lane, G, p.D, p.HD);
-      acc_t acc[VPL][V];
-      dot_entries(acc, r, slo, shi, p, m, lane);
-      if (with_weight)
-        block_reduce_store<scalar_t, acc_t, V, VPL>(red, acc, G, lane, chunk * G * VPL * V, p.HD,
-                                                    p.acc_out + r * p.HD);
-    }
-  };
-  for_each_work_item(p.ptr, p.num_edges, wl, G, 1, short_row, long_row);
+  auto row = [&](int64_t r, int64_t lo, int64_t hi) { entries(-1, r, lo, hi); };
+  for_each_slice_or_row(p.ptr, p.num_edges, sl, G, entries, row);
 }
 
 // ---------------------------------------------------------------------------
@@ -400,17 +418,29 @@ bool try_launch_dot_gather(DotParams<scalar_t, index_t> p, const at::TensorOptio
   if ((vec_per_head & (vec_per_head - 1)) != 0) return false;
   const auto c = lane_config(p.HD / kVec, true);
   if (c.num_chunks > 1 && vec_per_head > c.G * c.vpl) return false;
+  using acc_t = at::opmath_type<scalar_t>;
   p.G = c.G;
   p.S = std::min(vec_per_head, c.G);
   p.num_chunks = c.num_chunks;
-  at::Tensor storage;
-  const WorkList wl = make_work_list(p.ptr, p.num_rows, p.num_edges, storage, options);
+  at::Tensor storage, part;
+  int64_t max_slots = 0;
+  const SliceList sl = make_slice_list(p.ptr, p.num_rows, p.num_edges, storage, options,
+                                       max_slots);
+  const bool with_weight = p.weight != nullptr;
+  if (with_weight) {
+    part = at::empty({max_slots * p.HD}, options.dtype(c10::CppTypeToScalarType<acc_t>::value));
+    p.part = part.data_ptr<acc_t>();
+  }
   auto stream = c10::cuda::getCurrentCUDAStream();
   VPL_SWITCH(c.vpl, kVPL, [&] {
     auto kernel = dot_gather_kernel<scalar_t, index_t, kVec, kVPL>;
-    kernel<<<persistent_grid(kernel, p.num_rows, p.G), kThreads, 0, stream>>>(p, wl);
+    kernel<<<persistent_grid(kernel, p.num_rows, p.G, 0, kDotThreads), kDotThreads, 0, stream>>>(
+        p, sl);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
+  if (with_weight)
+    launch_sum_slices<scalar_t, index_t, acc_t>(p.ptr, p.num_edges, sl, p.part, p.acc_out, p.HD,
+                                                nullptr, nullptr, 0);
   return true;
 }
 
