@@ -446,6 +446,42 @@ def test_non_contiguous_inputs(device):
         torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("onepass_min", ["0", "12", "1000000"], ids=["one_pass", "mixed", "two_pass"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=dtype_id)
+def test_forward_one_and_two_pass_paths(onepass_min, dtype, device, monkeypatch):
+    """The CUDA all-heads forward takes rows longer than
+    PYG_MULTIHEAD_AGG_ONEPASS_MIN entries through one pass (online softmax,
+    base 2 in float32) and shorter ones through two: each choice, with
+    dropout and edge scores, on rows of 0 to ~60 entries, matches the
+    reference. (The CPU kernel ignores the variable.)"""
+    monkeypatch.setenv("PYG_MULTIHEAD_AGG_ONEPASS_MIN", onepass_min)
+    gen = torch.Generator().manual_seed(9)
+    num_src, heads, channels = 50, 4, 32
+    deg = torch.randperm(61, generator=gen)  # one row of each length 0..60
+    rowptr = torch.cat([deg.new_zeros(1), deg.cumsum(0)])
+    col = torch.randint(0, num_src, (int(rowptr[-1]),), generator=gen)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(device, dtype)
+
+    inp = Inputs(rowptr.to(device), col.to(device), rand(num_src, heads), rand(61, heads),
+                 rand(num_src, heads, channels), rand(col.numel(), heads))
+    for kw in ({}, {"dropout": 0.5, "philox": PHILOX}):
+        out, lse = run_op(inp, **kw)
+        ref_out, ref_lse = run_reference(inp, **kw)
+        assert rel_error(out, ref_out) <= TOLERANCE[dtype]
+        assert_lse_close(lse, ref_lse, dtype)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_onepass_min_must_be_a_count(monkeypatch):
+    monkeypatch.setenv("PYG_MULTIHEAD_AGG_ONEPASS_MIN", "-3")
+    inp = make_inputs(CASES[0], torch.float32, device="cuda", seed=9)
+    with pytest.raises(RuntimeError, match="PYG_MULTIHEAD_AGG_ONEPASS_MIN"):
+        run_op(inp)
+
+
 NONFINITE_CASES = [0, 3, 4]  # the all-heads path, the per-head path (D = 33), a hub row
 
 

@@ -42,6 +42,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <tuple>
 #include <type_traits>
@@ -95,6 +96,7 @@ struct GatParams {
   int64_t num_rows, num_gathered, num_edges;  // compressed rows, gathered rows, E
   int H, D, HD, G, num_chunks;
   int S, log2S;  // all-heads path: lanes per head (D / V, a power of two <= G)
+  int64_t onepass_min;  // all-heads forward: rows longer than this take one pass
   acc_t negative_slope, scale;  // scale: 1 / (1 - p) (0 for p == 1)
   DropoutRng rng;
 };
@@ -572,9 +574,11 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
 #pragma unroll
     for (int v = 0; v < V; ++v) acc[k][v] = 0;
   }
-  // The entries' indices one step ahead: a step's gathers wait only for
-  // indices loaded during the previous step's arithmetic.
-  index_t i[U], e[U];  // the index type: int32 graphs keep half the registers
+  // With 32-bit indices, the entries' indices one step ahead: a step's
+  // gathers wait only for indices loaded during the previous step's
+  // arithmetic. (64-bit ones would take 16 more registers: 4 blocks instead
+  // of 5, which measured slower than no prefetch.)
+  constexpr bool kPrefetch = sizeof(index_t) == 4;
   auto load_indices = [&](int64_t k0, index_t(&ni)[U], index_t(&ne)[U]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -583,8 +587,10 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
       ne[u] = inside ? __ldg(p.perm + k0 + u) : index_t(-1);
     }
   };
-  load_indices(lo, i, e);
+  index_t i[U], e[U];  // the index type: int32 graphs keep half the registers
+  if constexpr (kPrefetch) load_indices(lo, i, e);
   for (int64_t k0 = lo; k0 < hi; k0 += U) {
+    if constexpr (!kPrefetch) load_indices(k0, i, e);
     bool ok[U];
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -617,7 +623,7 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
     if (p.rng.threshold != 0)
       draw_keep_bits<U, VPL>(keep, p.rng, p.perm, k0, hi, q, p.log2S, m.head);
     index_t ni[U], ne[U];
-    load_indices(k0 + U, ni, ne);
+    if constexpr (kPrefetch) load_indices(k0 + U, ni, ne);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (k0 + u >= hi) break;  // group-uniform: no shuffles for a partial step's padding
@@ -639,10 +645,12 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
         if (q == 0) p.grad_z[static_cast<int64_t>(e[u]) * p.H + m.head[k]] = gz;
       }
     }
+    if constexpr (kPrefetch) {
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      i[u] = ni[u];
-      e[u] = ne[u];
+      for (int u = 0; u < U; ++u) {
+        i[u] = ni[u];
+        e[u] = ne[u];
+      }
     }
   }
 }
@@ -652,19 +660,16 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
 // multiprocessor: float32 rows of one vector per lane fit 96 registers, 5
 // blocks = 20 warps instead of 2 x 8 with 256 threads (the kernel is
 // latency-bound: more warps, more gathers in flight). Other rows: at most 128
-// registers (4 blocks) or, with 4 vectors per lane, one block's worth. With
-// 64-bit indices the prefetched indices take 8 more registers and 5 blocks
-// would spill (52 bytes), so those get 4.
+// registers (4 blocks) or, with 4 vectors per lane, one block's worth.
 constexpr int kBackwardThreads = 128;
 
-template <typename scalar_t, typename index_t, int VPL>
+template <typename scalar_t, int VPL>
 constexpr int backward_min_blocks() {
-  return VPL >= 4 ? 1
-                  : (VPL == 1 && sizeof(scalar_t) == 4 && sizeof(index_t) == 4 ? 5 : 4);
+  return VPL >= 4 ? 1 : (VPL == 1 && sizeof(scalar_t) == 4 ? 5 : 4);
 }
 
 template <typename scalar_t, typename index_t, int V, int VPL>
-__global__ void __launch_bounds__(kBackwardThreads, backward_min_blocks<scalar_t, index_t, VPL>())
+__global__ void __launch_bounds__(kBackwardThreads, backward_min_blocks<scalar_t, VPL>())
     gat_backward_rows_kernel(const GatParams<scalar_t, index_t> p, const SliceList sl) {
   using acc_t = at::opmath_type<scalar_t>;
   const int G = p.G, lane = threadIdx.x & (G - 1);
@@ -734,19 +739,162 @@ __global__ void __launch_bounds__(kThreads)
 // ---------------------------------------------------------------------------
 //
 // The lane layout of gat_backward_rows_kernel: a group owns the row's H * D
-// features, S lanes per head. One pass over the row with an online softmax:
-// U entries per step, their col loaded once for all heads, then x[j] (one
-// coalesced row) and s_src[j] together; each lane keeps its heads' running
-// maximum, the sum of exp(l - max) before dropout, and the accumulated
-// exp(l - max) * mask * x[j], rescaled when the maximum grows. The S lanes of
-// a head see the same scores, so their statistics agree without shuffles.
-// (The per-head kernel above makes two passes: exact statistics first, then
-// the weighted gather.) Session 3's version of this kernel made those two
-// dependent passes too and ran at 1.9x the plain aggregation's time.
+// features, S lanes per head. Two ways through a row, chosen per row:
+//
+// * Rows of at most `onepass_min` entries (the default: 4 * S, what pass 1
+//   covers with one round of loads) make two passes: pass 1, the S lanes of
+//   each head striding over the row's entries (q, q + S, ...) for the exact
+//   maximum and sum of exp, merged by an S-lane butterfly; pass 2, U entries
+//   per step, their col loaded once for all heads and x[j] gathered as one
+//   coalesced row, weighted by exp(l - lse).
+// * Longer rows (and the block-wide long rows) make one pass with an online
+//   softmax: each step loads U cols, then x[j] and s_src[j] together; each
+//   lane keeps its heads' running maximum, the sum of exp(l - max) before
+//   dropout and the accumulated exp(l - max) * mask * x[j], rescaled when the
+//   maximum grows. The S lanes of a head see the same scores, so their states
+//   agree without shuffles. float32 works in base 2 (logits scaled by log2 e,
+//   exp2f: one MUFU.EX2 instead of expf's range reduction).
+//
+// Session 3 ran every row through the two passes (1.9x the time of the plain
+// aggregation); a first one-pass version for every row (session 4, call 2)
+// was 6% slower on products-like (short rows) and 7% faster on reddit-like.
+// Pass 1 for this lane's heads over entries lo + q, lo + q + S, ... < hi.
+template <typename scalar_t, typename index_t, int V, int VPL>
+__device__ __forceinline__ void row_stats_heads(const GatParams<scalar_t, index_t>& p,
+                                                int64_t lo, int64_t hi, int q,
+                                                const RowLanes<V, VPL>& m,
+                                                const at::opmath_type<scalar_t> (&sd)[VPL],
+                                                at::opmath_type<scalar_t> (&mx)[VPL],
+                                                at::opmath_type<scalar_t> (&sum)[VPL]) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr int kU = 4;
+  const int S = p.S;
+#pragma unroll
+  for (int k = 0; k < VPL; ++k) {
+    mx[k] = -std::numeric_limits<acc_t>::infinity();
+    sum[k] = 0;
+  }
+  for (int64_t e0 = lo + q; e0 < hi; e0 += static_cast<int64_t>(kU) * S) {
+    acc_t l[kU][VPL];
+    bool ok[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t e = e0 + static_cast<int64_t>(u) * S;
+      const int64_t j = e < hi ? load_index(p.idx + e) : -1;
+      ok[u] = e < hi && in_range(j, p.num_gathered);
+#pragma unroll
+      for (int k = 0; k < VPL; ++k) {
+        acc_t z = ok[u] && m.valid[k] ? load_value(p.s_src + j * p.H + m.head[k]) + sd[k]
+                                      : acc_t(0);
+        if (ok[u] && m.valid[k] && p.s_edge != nullptr)
+          z += load_value(p.s_edge + e * p.H + m.head[k]);
+        l[u][k] = leaky(z, p.negative_slope);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+#pragma unroll
+      for (int k = 0; k < VPL; ++k)
+        if (ok[u]) merge_stats(mx[k], sum[k], l[u][k], acc_t(1));
+  }
+}
 
-// The online-softmax state of this lane's heads over entries [lo, hi) of a
-// row with destination scores sd: running maximum mx, sum of exp(l - mx), and
-// acc = sum_e exp(l[e] - mx) * mask[e] * x[col[e], h] (not yet normalised).
+// Pass 2 for this lane's heads over entries [lo, hi):
+// acc = sum_e exp(l[e] - lse) * mask[e] * x[col[e], h].
+template <typename scalar_t, typename index_t, int V, int VPL>
+__device__ __forceinline__ void attend_heads(at::opmath_type<scalar_t> (&acc)[VPL][V],
+                                             const GatParams<scalar_t, index_t>& p, int64_t lo,
+                                             int64_t hi, int q, unsigned mask,
+                                             const RowLanes<V, VPL>& m,
+                                             const at::opmath_type<scalar_t> (&sd)[VPL],
+                                             const at::opmath_type<scalar_t> (&lse)[VPL]) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr int U = kLoadsInFlight / VPL;
+#pragma unroll
+  for (int k = 0; k < VPL; ++k)
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[k][v] = 0;
+  for (int64_t e0 = lo; e0 < hi; e0 += U) {
+    index_t j[U];
+    bool ok[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const bool inside = e0 + u < hi;
+      j[u] = inside ? __ldg(p.idx + e0 + u) : index_t(-1);
+      ok[u] = inside && in_range(j[u], p.num_gathered);
+    }
+    Vec<scalar_t, V> xv[U][VPL];
+    acc_t z[U][VPL];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int k = 0; k < VPL; ++k) {
+        const bool use = ok[u] && m.valid[k];
+        xv[u][k] = use ? load_vec<scalar_t, V>(p.x + static_cast<int64_t>(j[u]) * p.HD +
+                                               m.feat[k])
+                       : zero_vec<scalar_t, V>();
+        z[u][k] = use ? load_value(p.s_src + static_cast<int64_t>(j[u]) * p.H + m.head[k]) +
+                            sd[k]
+                      : acc_t(0);
+        if (use && p.s_edge != nullptr)
+          z[u][k] += load_value(p.s_edge + (e0 + u) * p.H + m.head[k]);
+      }
+    unsigned keep[VPL];
+    if (p.rng.threshold != 0)
+      draw_keep_bits<U, VPL, index_t>(keep, p.rng, nullptr, e0, hi, q, p.log2S, m.head);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (e0 + u >= hi) break;  // group-uniform
+#pragma unroll
+      for (int k = 0; k < VPL; ++k) {
+        const acc_t mk = p.rng.threshold != 0
+                             ? keep_scale(keep[k], u, p.S, p.log2S, mask, p.scale)
+                             : acc_t(1);
+        if (!(ok[u] && m.valid[k])) continue;
+        const acc_t w = exp_(leaky(z[u][k], p.negative_slope) - lse[k]) * mk;
+#pragma unroll
+        for (int v = 0; v < V; ++v) acc[k][v] += w * static_cast<acc_t>(xv[u][k].val[v]);
+      }
+    }
+  }
+}
+
+// Softmax arithmetic of the one-pass forward: float32 in base 2 (logits
+// scaled by log2 e, exp2f), float64 in base e.
+template <typename acc_t>
+struct OnlineUnits {
+  static __device__ __forceinline__ acc_t scale() { return acc_t(1); }
+  static __device__ __forceinline__ acc_t exp(acc_t v) { return ::exp(v); }
+  static __device__ __forceinline__ acc_t lse(acc_t mx, acc_t sum) { return mx + ::log(sum); }
+};
+template <>
+struct OnlineUnits<float> {
+  static __device__ __forceinline__ float scale() { return 1.4426950408889634f; }
+  static __device__ __forceinline__ float exp(float v) { return exp2f(v); }
+  static __device__ __forceinline__ float lse(float mx, float sum) {
+    return (mx + log2f(sum)) * 0.6931471805599453f;
+  }
+};
+
+// exp(a - m) in the units above, with exp(-inf - -inf) taken as 0.
+template <typename acc_t>
+__device__ __forceinline__ acc_t online_shift(acc_t a, acc_t m) {
+  return a == -std::numeric_limits<acc_t>::infinity() ? acc_t(0)
+                                                      : OnlineUnits<acc_t>::exp(a - m);
+}
+
+// lse of the one-pass state (mx, sum), with stats_lse's conventions.
+template <typename acc_t>
+__device__ __forceinline__ acc_t online_lse(acc_t mx, acc_t sum, bool nonempty) {
+  if (!nonempty) return -std::numeric_limits<acc_t>::infinity();
+  return sum == acc_t(0) ? std::numeric_limits<acc_t>::quiet_NaN()
+                         : OnlineUnits<acc_t>::lse(mx, sum);
+}
+
+// The one-pass state of this lane's heads over entries [lo, hi) of a row with
+// destination scores sd: running maximum mx (scaled units), sum of exp(l -
+// mx), and acc = sum_e exp(l[e] - mx) * mask[e] * x[col[e], h] (not yet
+// normalised).
 template <typename scalar_t, typename index_t, int V, int VPL>
 __device__ __forceinline__ void attend_heads_online(at::opmath_type<scalar_t> (&acc)[VPL][V],
                                                     at::opmath_type<scalar_t> (&mx)[VPL],
@@ -756,7 +904,9 @@ __device__ __forceinline__ void attend_heads_online(at::opmath_type<scalar_t> (&
                                                     const RowLanes<V, VPL>& m,
                                                     const at::opmath_type<scalar_t> (&sd)[VPL]) {
   using acc_t = at::opmath_type<scalar_t>;
+  using Units = OnlineUnits<acc_t>;
   constexpr int U = kLoadsInFlight / VPL;
+  const acc_t scale = Units::scale(), slope = p.negative_slope;
 #pragma unroll
   for (int k = 0; k < VPL; ++k) {
     mx[k] = -std::numeric_limits<acc_t>::infinity();
@@ -764,28 +914,15 @@ __device__ __forceinline__ void attend_heads_online(at::opmath_type<scalar_t> (&
 #pragma unroll
     for (int v = 0; v < V; ++v) acc[k][v] = 0;
   }
-  // col one step ahead (as in backward_row), so that a step's gathers do not
-  // wait for its indices; not for half types, where the 8 more registers
-  // would make ptxas spill ~200 bytes under the 128-register bound.
-  constexpr bool kPrefetch = sizeof(scalar_t) >= 4;
-  index_t jn[U];  // the next step's (kPrefetch)
-  if constexpr (kPrefetch) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) jn[u] = lo + u < hi ? __ldg(p.idx + lo + u) : index_t(-1);
-  }
   for (int64_t e0 = lo; e0 < hi; e0 += U) {
     index_t j[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if constexpr (kPrefetch) {
-        j[u] = jn[u];
-      } else {
-        j[u] = e0 + u < hi ? __ldg(p.idx + e0 + u) : index_t(-1);
-      }
-    }
     bool ok[U];
 #pragma unroll
-    for (int u = 0; u < U; ++u) ok[u] = e0 + u < hi && in_range(j[u], p.num_gathered);
+    for (int u = 0; u < U; ++u) {
+      const bool inside = e0 + u < hi;
+      j[u] = inside ? __ldg(p.idx + e0 + u) : index_t(-1);
+      ok[u] = inside && in_range(j[u], p.num_gathered);
+    }
     Vec<scalar_t, V> xv[U][VPL];
     acc_t l[U][VPL];
 #pragma unroll
@@ -800,30 +937,26 @@ __device__ __forceinline__ void attend_heads_online(at::opmath_type<scalar_t> (&
                             sd[k]
                       : acc_t(0);
         if (use && p.s_edge != nullptr) z += load_value(p.s_edge + (e0 + u) * p.H + m.head[k]);
-        l[u][k] = use ? leaky(z, p.negative_slope)
-                      : -std::numeric_limits<acc_t>::infinity();
+        l[u][k] = use ? leaky(z, slope) * scale : -std::numeric_limits<acc_t>::infinity();
       }
     unsigned keep[VPL];
     if (p.rng.threshold != 0)
       draw_keep_bits<U, VPL, index_t>(keep, p.rng, nullptr, e0, hi, q, p.log2S, m.head);
-    if constexpr (kPrefetch) {
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-        jn[u] = e0 + U + u < hi ? __ldg(p.idx + e0 + U + u) : index_t(-1);
-    }
-    // The step's new maximum, and the old state rescaled to it (a factor of
-    // exactly 1 when it did not grow). A NaN score never wins a comparison
-    // but reaches sum and acc through its weight below.
+    // The step's maximum; the state is rescaled only when it grows. A NaN
+    // score never wins a comparison but reaches sum and acc through its
+    // weight below.
 #pragma unroll
     for (int k = 0; k < VPL; ++k) {
       acc_t nm = mx[k];
 #pragma unroll
       for (int u = 0; u < U; ++u) nm = l[u][k] > nm ? l[u][k] : nm;
-      const acc_t c = exp_shift(mx[k], nm);
-      sum[k] *= c;
+      if (nm > mx[k]) {
+        const acc_t c = online_shift(mx[k], nm);
+        sum[k] *= c;
 #pragma unroll
-      for (int v = 0; v < V; ++v) acc[k][v] *= c;
-      mx[k] = nm;
+        for (int v = 0; v < V; ++v) acc[k][v] *= c;
+        mx[k] = nm;
+      }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -834,7 +967,7 @@ __device__ __forceinline__ void attend_heads_online(at::opmath_type<scalar_t> (&
                              ? keep_scale(keep[k], u, p.S, p.log2S, mask, p.scale)
                              : acc_t(1);
         if (!(ok[u] && m.valid[k])) continue;
-        const acc_t w = exp_shift(l[u][k], mx[k]);
+        const acc_t w = online_shift(l[u][k], mx[k]);
         sum[k] += w;
         const acc_t wm = w * mk;
 #pragma unroll
@@ -864,23 +997,36 @@ __global__ void __launch_bounds__(kThreads, VPL >= 4 ? 1 : 2)
   auto short_row = [&](int64_t, int64_t r, int64_t lo, int64_t hi) {
     acc_t sd[VPL], mx[VPL], sum[VPL], acc[VPL][V];
     load_sd(r, sd);
-    attend_heads_online(acc, mx, sum, p, lo, hi, q, mask, m, sd);
+    if (hi - lo <= p.onepass_min) {  // group-uniform
+      acc_t lse[VPL];
+      row_stats_heads(p, lo, hi, q, m, sd, mx, sum);
 #pragma unroll
-    for (int k = 0; k < VPL; ++k) {
-      if (!m.valid[k]) continue;
-      if (q == 0) p.lse_out[r * p.H + m.head[k]] = stats_lse(mx[k], sum[k], hi > lo);
-      // An empty row gives 0; a row whose scores are all -inf gives 0 / 0 =
-      // NaN, as exp(l - lse) does in the reference.
-      const acc_t inv = hi > lo ? acc_t(1) / sum[k] : acc_t(0);
+      for (int k = 0; k < VPL; ++k) {
+        group_merge_stats(mx[k], sum[k], S, mask);
+        lse[k] = stats_lse(mx[k], sum[k], hi > lo);
+        if (q == 0 && m.valid[k]) p.lse_out[r * p.H + m.head[k]] = lse[k];
+      }
+      attend_heads(acc, p, lo, hi, q, mask, m, sd, lse);
+    } else {
+      attend_heads_online(acc, mx, sum, p, lo, hi, q, mask, m, sd);
 #pragma unroll
-      for (int v = 0; v < V; ++v) acc[k][v] *= inv;
-      store_vec<scalar_t, V>(p.out + r * p.HD + m.feat[k], acc[k]);
+      for (int k = 0; k < VPL; ++k) {
+        if (q == 0 && m.valid[k]) p.lse_out[r * p.H + m.head[k]] = online_lse(mx[k], sum[k], true);
+        // A row whose scores are all -inf gives 0 / 0 = NaN, as exp(l - lse)
+        // does in the reference.
+        const acc_t inv = acc_t(1) / sum[k];
+#pragma unroll
+        for (int v = 0; v < V; ++v) acc[k][v] *= inv;
+      }
     }
+#pragma unroll
+    for (int k = 0; k < VPL; ++k)
+      if (m.valid[k]) store_vec<scalar_t, V>(p.out + r * p.HD + m.feat[k], acc[k]);
   };
   // A long row: each group takes a contiguous slice of the entries (all
-  // heads) with its own online state; the states are merged over the groups
-  // in group order through shared memory (the maxima and sums first, then
-  // the rescaled sums of block_reduce_store).
+  // heads) with its own one-pass state; the states are merged over the
+  // groups in group order through shared memory: the maxima and sums first,
+  // then the rows, each scaled by exp(m_g - M) / total, by block_reduce_store.
   auto long_row = [&](int64_t r, int64_t lo, int64_t hi) {
     int64_t slo, shi;
     group_slice(lo, hi, group, groups, slo, shi);
@@ -898,12 +1044,17 @@ __global__ void __launch_bounds__(kThreads, VPL >= 4 ? 1 : 2)
     __syncthreads();
 #pragma unroll
     for (int k = 0; k < VPL; ++k) {
-      acc_t row_mx = s_mx[m.head[k]], row_sum = s_sum[m.head[k]];
-      for (int g = 1; g < groups; ++g)
-        merge_stats(row_mx, row_sum, s_mx[g * slots + m.head[k]], s_sum[g * slots + m.head[k]]);
+      acc_t row_mx = s_mx[m.head[k]];
+      for (int g = 1; g < groups; ++g) {
+        const acc_t o = s_mx[g * slots + m.head[k]];
+        row_mx = o > row_mx ? o : row_mx;
+      }
+      acc_t row_sum = 0;
+      for (int g = 0; g < groups; ++g)
+        row_sum += s_sum[g * slots + m.head[k]] * online_shift(s_mx[g * slots + m.head[k]], row_mx);
       if (group == 0 && q == 0 && m.valid[k])
-        p.lse_out[r * p.H + m.head[k]] = stats_lse(row_mx, row_sum, true);
-      const acc_t f = exp_shift(mx[k], row_mx) * (acc_t(1) / row_sum);
+        p.lse_out[r * p.H + m.head[k]] = online_lse(row_mx, row_sum, true);
+      const acc_t f = online_shift(mx[k], row_mx) * (acc_t(1) / row_sum);
 #pragma unroll
       for (int v = 0; v < V; ++v) acc[k][v] *= f;
     }
@@ -1016,6 +1167,24 @@ RowConfig row_config(int64_t H, int64_t D, bool aligned) {
   return c;
 }
 
+// Rows of the all-heads forward with more entries than this take the one-pass
+// (online softmax) path, shorter ones the two passes: by default 4 * S, the
+// entries that pass 1 covers in one round of loads. The environment variable
+// PYG_MULTIHEAD_AGG_ONEPASS_MIN overrides it (a tuning knob for benchmarks
+// and tests: 0 = one pass for every non-empty row; empty rows always take
+// the two-pass branch, which writes out = 0 and lse = -inf).
+int64_t onepass_min(int S) {
+  const char* env = std::getenv("PYG_MULTIHEAD_AGG_ONEPASS_MIN");
+  if (env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const long long v = std::strtoll(env, &end, 10);
+    TORCH_CHECK(end != nullptr && *end == '\0' && v >= 0,
+                "PYG_MULTIHEAD_AGG_ONEPASS_MIN must be a non-negative integer, got '", env, "'");
+    return static_cast<int64_t>(v);
+  }
+  return 4 * static_cast<int64_t>(S);
+}
+
 template <typename scalar_t, typename index_t>
 void launch_gat_forward(GatParams<scalar_t, index_t> p, const at::TensorOptions& options) {
   constexpr int kVec = vec_width<scalar_t>();
@@ -1026,6 +1195,7 @@ void launch_gat_forward(GatParams<scalar_t, index_t> p, const at::TensorOptions&
     p.S = rc.S;
     p.log2S = rc.log2S;
     p.num_chunks = 1;
+    p.onepass_min = onepass_min(rc.S);
     at::Tensor storage;
     const WorkList wl = make_work_list(p.ptr, p.num_rows, p.num_edges, storage, options);
     auto stream = c10::cuda::getCurrentCUDAStream();
