@@ -741,13 +741,13 @@ __global__ void __launch_bounds__(kThreads)
 // The lane layout of gat_backward_rows_kernel: a group owns the row's H * D
 // features, S lanes per head. Two ways through a row, chosen per row:
 //
-// * Rows of at most `onepass_min` entries (the default: 4 * S, what pass 1
-//   covers with one round of loads) make two passes: pass 1, the S lanes of
+// * Short rows of at most `onepass_min` entries (by default every short row,
+//   see onepass_min() on the host) make two passes: pass 1, the S lanes of
 //   each head striding over the row's entries (q, q + S, ...) for the exact
 //   maximum and sum of exp, merged by an S-lane butterfly; pass 2, U entries
 //   per step, their col loaded once for all heads and x[j] gathered as one
 //   coalesced row, weighted by exp(l - lse).
-// * Longer rows (and the block-wide long rows) make one pass with an online
+// * Longer short rows and the block-wide long rows make one pass with an online
 //   softmax: each step loads U cols, then x[j] and s_src[j] together; each
 //   lane keeps its heads' running maximum, the sum of exp(l - max) before
 //   dropout and the accumulated exp(l - max) * mask * x[j], rescaled when the
@@ -756,8 +756,9 @@ __global__ void __launch_bounds__(kThreads)
 //   exp2f: one MUFU.EX2 instead of expf's range reduction).
 //
 // Session 3 ran every row through the two passes (1.9x the time of the plain
-// aggregation); a first one-pass version for every row (session 4, call 2)
-// was 6% slower on products-like (short rows) and 7% faster on reddit-like.
+// aggregation); one pass for every row (session 4) measured 6-13% slower on
+// products-like (short rows) and at most 7% faster on reddit-like.
+
 // Pass 1 for this lane's heads over entries lo + q, lo + q + S, ... < hi.
 template <typename scalar_t, typename index_t, int V, int VPL>
 __device__ __forceinline__ void row_stats_heads(const GatParams<scalar_t, index_t>& p,
@@ -1167,13 +1168,17 @@ RowConfig row_config(int64_t H, int64_t D, bool aligned) {
   return c;
 }
 
-// Rows of the all-heads forward with more entries than this take the one-pass
-// (online softmax) path, shorter ones the two passes: by default 4 * S, the
-// entries that pass 1 covers in one round of loads. The environment variable
-// PYG_MULTIHEAD_AGG_ONEPASS_MIN overrides it (a tuning knob for benchmarks
-// and tests: 0 = one pass for every non-empty row; empty rows always take
-// the two-pass branch, which writes out = 0 and lse = -inf).
-int64_t onepass_min(int S) {
+// Short rows of the all-heads forward with more entries than this take the
+// one-pass (online softmax) path, the others the two passes; block-wide long
+// rows always take one pass. By default no short row does: on the H200 the
+// two passes were faster on products-like (16.7 ms against 17.9 with the
+// threshold at 4 * S and 18.7 with one pass for every row) and as fast on
+// reddit-like (10.6 / 10.4 / 10.4 ms; benchmarks/KERNEL_NOTES.md, session
+// 4). The environment variable PYG_MULTIHEAD_AGG_ONEPASS_MIN sets it (a
+// tuning knob for benchmarks and tests: 0 = one pass for every non-empty
+// row; empty rows always take the two-pass branch, which writes out = 0 and
+// lse = -inf).
+int64_t onepass_min() {
   const char* env = std::getenv("PYG_MULTIHEAD_AGG_ONEPASS_MIN");
   if (env != nullptr && *env != '\0') {
     char* end = nullptr;
@@ -1182,7 +1187,7 @@ int64_t onepass_min(int S) {
                 "PYG_MULTIHEAD_AGG_ONEPASS_MIN must be a non-negative integer, got '", env, "'");
     return static_cast<int64_t>(v);
   }
-  return 4 * static_cast<int64_t>(S);
+  return std::numeric_limits<int64_t>::max();
 }
 
 template <typename scalar_t, typename index_t>
@@ -1195,7 +1200,7 @@ void launch_gat_forward(GatParams<scalar_t, index_t> p, const at::TensorOptions&
     p.S = rc.S;
     p.log2S = rc.log2S;
     p.num_chunks = 1;
-    p.onepass_min = onepass_min(rc.S);
+    p.onepass_min = onepass_min();
     at::Tensor storage;
     const WorkList wl = make_work_list(p.ptr, p.num_rows, p.num_edges, storage, options);
     auto stream = c10::cuda::getCurrentCUDAStream();
