@@ -447,7 +447,8 @@ def test_non_contiguous_inputs(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("onepass_min", ["0", "12", "1000000"], ids=["one_pass", "mixed", "two_pass"])
+@pytest.mark.parametrize("onepass_min", ["0", "12", "1000000"],
+                         ids=["one_pass", "mixed", "two_pass"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=dtype_id)
 def test_forward_one_and_two_pass_paths(onepass_min, dtype, device, monkeypatch):
     """The CUDA all-heads forward takes rows longer than
