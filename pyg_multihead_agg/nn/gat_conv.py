@@ -40,7 +40,8 @@ class _FoldedScores(torch.autograd.Function):
     whose F * k dot products each run over all N rows. Measured on the H200
     (``benchmarks/results/gpu_2026-11-30c``): the parameter gradients' error
     against float64 on products-like went from 1.4e-6 to 9.2e-7; on
-    reddit-like it stayed at 7.8e-5."""
+    reddit-like it stayed at 7.8e-5, which comes from one logit on the other
+    side of leaky_relu's kink (see ``GATConv._scores``), not from this sum."""
 
     @staticmethod
     def forward(x_in: Tensor, fold: Tensor) -> Tensor:
@@ -256,12 +257,16 @@ class GATConv(PyGGATConv):
         # over x_in for all the atts, instead of an [N, H, C] product and a
         # reduction per att (and, in the backward, their [N, H, C] gradients).
         # H200, one layer step: 64.3 -> 53.9 ms on products-like, 32.4 ->
-        # 31.2 ms on reddit-like. The attention parameters' gradients are
-        # sums of cancelling terms over all nodes, and their float32 error
-        # depends on the order of summation: against float64, 9.2e-7 with
-        # the fold and 8.6e-4 (as PyG's own layer) without on products-like,
-        # but 7.8e-5 with and 1.2e-6 without on reddit-like. fold_scores =
-        # False restores PyG's products.
+        # 31.2 ms on reddit-like. Against float64, the attention parameters'
+        # gradients are off by 9.2e-7 with the fold and 8.6e-4 (as PyG's own
+        # layer) without on products-like, but 7.8e-5 with and 1.2e-6
+        # without on reddit-like. Each large error is one edge whose logit
+        # is within float32 rounding of leaky_relu's kink and lands on the
+        # other side of it (benchmarks/score_kink_flips.py): att_dst's
+        # gradient is nonzero only through the kink, so one such edge moves
+        # it by a whole term. Which edges flip depends on the order of the
+        # arithmetic, not its precision. fold_scores = False restores PyG's
+        # products.
         w = getattr(lin, "weight", None)
         if (not getattr(self, "fold_scores", True)
                 or getattr(lin, "bias", None) is not None or not isinstance(w, Tensor)
