@@ -251,8 +251,9 @@ def gat_attention(rowptr: Tensor, col: Tensor, s_src: Tensor, s_dst: Tensor, x: 
     Returns:
         :obj:`(out [N_dst, H, D], lse [N_dst, H])`; :obj:`lse` is the
         log-sum-exp of each row's logits in float32 (float64 for float64
-        inputs), :obj:`-inf` for rows without edges. Both are
-        differentiable.
+        inputs), :obj:`-inf` for rows without edges and NaN (as
+        :obj:`out`) for rows with a NaN or :obj:`+inf` logit or only
+        :obj:`-inf` logits. Both are differentiable.
     """
     if validate:
         check_csr(rowptr, col, x.size(0))
