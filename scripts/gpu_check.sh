@@ -6,7 +6,8 @@
 #   $OUT/tests.log  $OUT/run.log  $OUT/results.tar (benchmark JSON/MD/PNG, logs)
 #   scripts/gpu_check.sh STEPS [pytest args; default: tests -m "not slow"]
 # STEPS: a comma-separated list of tests, props (the property tests with the
-# larger "gpu" hypothesis profile), kernels (bench_kernels.py), ncu (Nsight
+# larger "gpu" hypothesis profile), kernels (bench_kernels.py), baseline (with
+# kernels: also time the tree in .device/baseline, see below), ncu (Nsight
 # Compute over bench_kernels.py --ncu), ops, cora, layer, profile, sanitize, or
 # "bench" (= ops,cora,layer) or "all" (= tests,ops,cora,layer).
 #   (env: STEP_LIMIT_* seconds per step, OPS_ARGS / LAYER_ARGS, CORA_RUNS,
@@ -30,9 +31,20 @@ step() { echo "== $* ($(date +%T))" | tee -a "$LOG"; }
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
   python3 -c "import torch, torch_geometric; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'PyG', torch_geometric.__version__)"
   git log -1 --format='commit %H %s' 2>/dev/null; } >> "$LOG" 2>&1
+# "baseline": an older tree copied (git archive) to .device/baseline is built
+# in place alongside, and the kernels step times it first, in its own process
+# (both register the same operator names), for an A/B in the same call.
+BASE="$PWD/.device/baseline"
+if has baseline && [ -f "$BASE/setup.py" ]; then
+  (cd "$BASE" && python3 setup.py build_ext --inplace > "$RES/build_baseline.log" 2>&1) &
+  BASE_PID=$!
+fi
 step build
 python3 -m pip install --no-build-isolation --no-deps -v -e . > "$RES/build.log" 2>&1 \
   || { tail -60 "$RES/build.log" | tee -a "$LOG"; pack; exit 1; }
+if [ -n "${BASE_PID:-}" ]; then
+  wait "$BASE_PID" || { echo "baseline build failed" | tee -a "$LOG"; tail -30 "$RES/build_baseline.log" >> "$LOG"; }
+fi
 grep -E "registers|spill" "$RES/build.log" | sort | uniq -c | sort -rn | head -5 >> "$LOG"
 rc=0
 if has tests; then
@@ -50,6 +62,13 @@ if has props; then
   pack
 fi
 if has kernels; then
+  if has baseline && ls "$BASE"/pyg_multihead_agg/_C*.so > /dev/null 2>&1; then
+    step bench_kernels baseline
+    (cd "$BASE" && PYTHONPATH="$BASE" python3 -c \
+       "import pyg_multihead_agg as m; print('baseline package', m.__file__)" \
+     && PYTHONPATH="$BASE" timeout "${STEP_LIMIT_KERNELS:-150}" python3 \
+       benchmarks/bench_kernels.py --out "$RES/baseline" ${KERNELS_ARGS:-}) >> "$LOG" 2>&1 || rc=$?
+  fi
   step bench_kernels
   timeout "${STEP_LIMIT_KERNELS:-150}" python3 benchmarks/bench_kernels.py --out "$RES" \
     ${KERNELS_ARGS:-} >> "$LOG" 2>&1 || rc=$?

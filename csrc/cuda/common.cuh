@@ -72,6 +72,96 @@ __device__ __forceinline__ at::opmath_type<scalar_t> load_value(const scalar_t* 
   return static_cast<at::opmath_type<scalar_t>>(load_vec<scalar_t, 1>(p).val[0]);
 }
 
+// Predicated loads: `pred ? *p : 0` as one predicated ld.global.nc (inline
+// PTX), with no branch. Written as `pred ? load_vec(p) : zero_vec()`, nvcc
+// turns each load of an unrolled step into a branch of its own and, for half
+// types, moves the bf16/fp16 -> float unpacking of the loaded vector into
+// that branch, right behind the load: the step's U gathers then wait for one
+// another (SASS of the session-4 bf16 gather: one 16-byte load in flight per
+// lane instead of 8, i.e. 1/3 of the float32 kernel's bandwidth). `p` need
+// not point to valid memory when `pred` is false.
+template <int kBytes>
+struct RawLoad;
+template <>
+struct RawLoad<16> {
+  static __device__ __forceinline__ uint4 load(bool pred, const void* p) {
+    uint4 v;
+    asm volatile(
+        "{\n .reg .pred q;\n setp.ne.b32 q, %5, 0;\n"
+        " mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n mov.b32 %3, 0;\n"
+        " @q ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p), "r"(static_cast<int>(pred)));
+    return v;
+  }
+};
+template <>
+struct RawLoad<8> {
+  static __device__ __forceinline__ uint2 load(bool pred, const void* p) {
+    uint2 v;
+    asm volatile(
+        "{\n .reg .pred q;\n setp.ne.b32 q, %3, 0;\n"
+        " mov.b32 %0, 0;\n mov.b32 %1, 0;\n"
+        " @q ld.global.nc.v2.u32 {%0, %1}, [%2];\n}\n"
+        : "=r"(v.x), "=r"(v.y)
+        : "l"(p), "r"(static_cast<int>(pred)));
+    return v;
+  }
+};
+template <>
+struct RawLoad<4> {
+  static __device__ __forceinline__ unsigned int load(bool pred, const void* p) {
+    unsigned int v;
+    asm volatile(
+        "{\n .reg .pred q;\n setp.ne.b32 q, %2, 0;\n"
+        " mov.b32 %0, 0;\n"
+        " @q ld.global.nc.u32 %0, [%1];\n}\n"
+        : "=r"(v)
+        : "l"(p), "r"(static_cast<int>(pred)));
+    return v;
+  }
+};
+template <>
+struct RawLoad<2> {
+  static __device__ __forceinline__ unsigned short load(bool pred, const void* p) {
+    unsigned short v;
+    asm volatile(
+        "{\n .reg .pred q;\n setp.ne.b32 q, %2, 0;\n"
+        " mov.b16 %0, 0;\n"
+        " @q ld.global.nc.u16 %0, [%1];\n}\n"
+        : "=h"(v)
+        : "l"(p), "r"(static_cast<int>(pred)));
+    return v;
+  }
+};
+
+template <typename scalar_t, int V>
+__device__ __forceinline__ Vec<scalar_t, V> load_vec_if(bool pred, const scalar_t* p) {
+  using raw_t = typename RawType<sizeof(scalar_t) * V>::type;
+  Vec<scalar_t, V> v;
+  *reinterpret_cast<raw_t*>(&v) = RawLoad<sizeof(scalar_t) * V>::load(pred, p);
+  return v;
+}
+
+template <typename scalar_t>
+__device__ __forceinline__ at::opmath_type<scalar_t> load_value_if(bool pred, const scalar_t* p) {
+  return static_cast<at::opmath_type<scalar_t>>(load_vec_if<scalar_t, 1>(pred, p).val[0]);
+}
+
+// An index (int32 or int64) when `pred`, else 0, as one predicated load.
+// Written as `pred ? __ldg(p) : -1`, the U index loads of a step became
+// if-converted loads into one register, each waiting for the previous
+// entry's use (SASS of the session-4 one-pass forward): U round trips of
+// latency per step instead of one.
+template <typename index_t>
+__device__ __forceinline__ index_t load_index_if(bool pred, const index_t* p) {
+  static_assert(sizeof(index_t) == 4 || sizeof(index_t) == 8, "32- or 64-bit indices");
+  const auto raw = RawLoad<sizeof(index_t)>::load(pred, p);
+  index_t v;
+  memcpy(&v, &raw, sizeof(index_t));
+  return v;
+}
+
 template <typename scalar_t, int V, typename acc_t>
 __device__ __forceinline__ void store_vec(scalar_t* p, const acc_t (&a)[V]) {
   Vec<scalar_t, V> v;

@@ -166,10 +166,11 @@ __device__ __forceinline__ void row_stats(const GatParams<scalar_t, index_t>& p,
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int64_t e = e0 + static_cast<int64_t>(u) * stride;
-      const int64_t j = e < hi ? load_index(p.idx + e) : -1;
+      const int64_t j = load_index_if(e < hi, p.idx + e);
       ok[u] = e < hi && in_range(j, p.num_gathered);
-      acc_t z = ok[u] ? load_value(p.s_src + j * p.H + h) + sd : acc_t(0);
-      if (ok[u] && p.s_edge != nullptr) z += load_value(p.s_edge + e * p.H + h);
+      const acc_t ssrc = load_value_if(ok[u], p.s_src + j * p.H + h);
+      acc_t z = ok[u] ? ssrc + sd : acc_t(0);
+      z += load_value_if(ok[u] && p.s_edge != nullptr, p.s_edge + e * p.H + h);
       l[u] = leaky(z, p.negative_slope);
     }
 #pragma unroll
@@ -227,7 +228,7 @@ __device__ __forceinline__ void attend(at::opmath_type<scalar_t> (&acc)[VPL][V],
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const bool inside = e0 + u < hi;
-      j[u] = inside ? load_index(p.idx + e0 + u) : -1;
+      j[u] = load_index_if(inside, p.idx + e0 + u);
       ok[u] = inside && in_range(j[u], p.num_gathered);
     }
     Vec<scalar_t, V> xv[U][VPL];
@@ -235,15 +236,20 @@ __device__ __forceinline__ void attend(at::opmath_type<scalar_t> (&acc)[VPL][V],
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int k = 0; k < VPL; ++k)
-        xv[u][k] = (ok[u] && m.valid[k]) ? load_vec<scalar_t, V>(xh + j[u] * p.HD + m.feat[k])
-                                         : zero_vec<scalar_t, V>();
+        xv[u][k] = load_vec_if<scalar_t, V>(ok[u] && m.valid[k], xh + j[u] * p.HD + m.feat[k]);
+    acc_t ssrc[U], sedge[U];  // all of the step's loads before any branch
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      ssrc[u] = load_value_if(ok[u], p.s_src + j[u] * p.H + h);
+      sedge[u] = load_value_if(ok[u] && p.s_edge != nullptr, p.s_edge + (e0 + u) * p.H + h);
+    }
     acc_t w[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       w[u] = 0;
       if (ok[u]) {
-        acc_t z = load_value(p.s_src + j[u] * p.H + h) + sd;
-        if (p.s_edge != nullptr) z += load_value(p.s_edge + (e0 + u) * p.H + h);
+        acc_t z = ssrc[u] + sd;
+        z += sedge[u];
         w[u] = exp_(leaky(z, p.negative_slope) - lse);
         if (p.rng.threshold != 0) w[u] *= p.rng.keep(e0 + u, h) ? p.scale : acc_t(0);
       }
@@ -347,8 +353,8 @@ __device__ __forceinline__ void attend_backward(at::opmath_type<scalar_t> (&acc)
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const bool inside = k0 + u < hi;
-      i[u] = inside ? load_index(p.idx + k0 + u) : -1;
-      e[u] = inside ? load_index(p.perm + k0 + u) : -1;
+      i[u] = load_index_if(inside, p.idx + k0 + u);
+      e[u] = load_index_if(inside, p.perm + k0 + u);
       ok[u] = inside && in_range(i[u], p.num_gathered) && in_range(e[u], p.num_edges);
     }
     Vec<scalar_t, V> gv[U][VPL];
@@ -356,21 +362,20 @@ __device__ __forceinline__ void attend_backward(at::opmath_type<scalar_t> (&acc)
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int k = 0; k < VPL; ++k)
-        gv[u][k] = (ok[u] && m.valid[k]) ? load_vec<scalar_t, V>(gh + i[u] * p.HD + m.feat[k])
-                                         : zero_vec<scalar_t, V>();
+        gv[u][k] = load_vec_if<scalar_t, V>(ok[u] && m.valid[k], gh + i[u] * p.HD + m.feat[k]);
     acc_t z[U], lse[U], dl[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      z[u] = ss;
-      lse[u] = 0;
-      dl[u] = 0;
-      if (ok[u]) {
-        const int64_t ih = i[u] * p.H + h;
-        z[u] += load_value(p.s_dst + ih);
-        if (p.s_edge != nullptr) z[u] += load_value(p.s_edge + e[u] * p.H + h);
-        lse[u] = p.lse_in[ih];
-        dl[u] = p.delta[ih] - (p.grad_lse != nullptr ? p.grad_lse[ih] : acc_t(0));
-      }
+      const int64_t ih = i[u] * p.H + h;
+      const acc_t sdst = load_value_if(ok[u], p.s_dst + ih);
+      const acc_t sedge = load_value_if(ok[u] && p.s_edge != nullptr, p.s_edge + e[u] * p.H + h);
+      const acc_t lse_i = load_value_if(ok[u], p.lse_in + ih);
+      const acc_t delta_i = load_value_if(ok[u], p.delta + ih);
+      const acc_t glse_i = load_value_if(ok[u] && p.grad_lse != nullptr, p.grad_lse + ih);
+      // Selects, not branches (the loads give 0 when !ok[u]).
+      z[u] = ok[u] ? ss + sdst + sedge : ss;
+      lse[u] = lse_i;
+      dl[u] = delta_i - glse_i;
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -468,13 +473,15 @@ struct alignas(4 * sizeof(acc_t)) RowAux {
 };
 
 template <typename acc_t>
-__device__ __forceinline__ RowAux<acc_t> load_aux(const RowAux<acc_t>* p) {
+__device__ __forceinline__ RowAux<acc_t> load_aux(bool pred, const RowAux<acc_t>* p) {
+  // Zeros when !pred, as one predicated load (see load_vec_if).
   RowAux<acc_t> a;
   if constexpr (sizeof(acc_t) == 4) {
-    *reinterpret_cast<float4*>(&a) = __ldg(reinterpret_cast<const float4*>(p));
+    *reinterpret_cast<uint4*>(&a) = RawLoad<16>::load(pred, p);
   } else {
-    reinterpret_cast<double2*>(&a)[0] = __ldg(reinterpret_cast<const double2*>(p));
-    reinterpret_cast<double2*>(&a)[1] = __ldg(reinterpret_cast<const double2*>(p) + 1);
+    const auto* q = reinterpret_cast<const uint4*>(p);
+    reinterpret_cast<uint4*>(&a)[0] = RawLoad<16>::load(pred, q);
+    reinterpret_cast<uint4*>(&a)[1] = RawLoad<16>::load(pred, q + 1);
   }
   return a;
 }
@@ -583,8 +590,8 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const bool inside = k0 + u < hi;
-      ni[u] = inside ? __ldg(p.idx + k0 + u) : index_t(-1);
-      ne[u] = inside ? __ldg(p.perm + k0 + u) : index_t(-1);
+      ni[u] = load_index_if(inside, p.idx + k0 + u);
+      ne[u] = load_index_if(inside, p.perm + k0 + u);
     }
   };
   index_t i[U], e[U];  // the index type: int32 graphs keep half the registers
@@ -602,23 +609,17 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
 #pragma unroll
       for (int k = 0; k < VPL; ++k) {
         const bool use = ok[u] && m.valid[k];
-        gv[u][k] = use ? load_vec<scalar_t, V>(p.grad_out + static_cast<int64_t>(i[u]) * p.HD +
-                                               m.feat[k])
-                       : zero_vec<scalar_t, V>();
-        if (use) {
-          ax[u][k] = load_aux(aux + static_cast<int64_t>(i[u]) * p.H + m.head[k]);
-        } else {
-          ax[u][k].sd = ax[u][k].lse = ax[u][k].dl = 0;
-        }
+        gv[u][k] = load_vec_if<scalar_t, V>(
+            use, p.grad_out + static_cast<int64_t>(i[u]) * p.HD + m.feat[k]);
+        ax[u][k] = load_aux(use, aux + static_cast<int64_t>(i[u]) * p.H + m.head[k]);
       }
     acc_t se[U][VPL];  // s_edge[e, h], added last as in the forward's z
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int k = 0; k < VPL; ++k)
-        se[u][k] = p.s_edge != nullptr && ok[u] && m.valid[k]
-                       ? load_value(p.s_edge + static_cast<int64_t>(e[u]) * p.H + m.head[k])
-                       : acc_t(0);
+        se[u][k] = load_value_if(ok[u] && m.valid[k] && p.s_edge != nullptr,
+                                 p.s_edge + static_cast<int64_t>(e[u]) * p.H + m.head[k]);
     unsigned keep[VPL];
     if (p.rng.threshold != 0)
       draw_keep_bits<U, VPL>(keep, p.rng, p.perm, k0, hi, q, p.log2S, m.head);
@@ -634,7 +635,7 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
             p.rng.threshold != 0 ? keep_scale(keep[k], u, S, p.log2S, mask, p.scale) : acc_t(1);
         if (!(ok[u] && m.valid[k])) continue;
         acc_t z = ss[k] + ax[u][k].sd;
-        if (p.s_edge != nullptr) z += se[u][k];
+        z += se[u][k];
         const acc_t alpha = exp_(leaky(z, p.negative_slope) - ax[u][k].lse);
         const acc_t w = alpha * mk;
 #pragma unroll
@@ -776,22 +777,33 @@ __device__ __forceinline__ void row_stats_heads(const GatParams<scalar_t, index_
     sum[k] = 0;
   }
   for (int64_t e0 = lo + q; e0 < hi; e0 += static_cast<int64_t>(kU) * S) {
-    acc_t l[kU][VPL];
+    // In phases, each free of branches: the kU indices, then their scores,
+    // then the arithmetic (two round trips of latency per step).
+    index_t j[kU];
     bool ok[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) j[u] = load_index_if(e0 + u * S < hi, p.idx + e0 + u * S);
+    acc_t ssrc[kU][VPL], sedge[kU][VPL];
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int64_t e = e0 + static_cast<int64_t>(u) * S;
-      const int64_t j = e < hi ? load_index(p.idx + e) : -1;
-      ok[u] = e < hi && in_range(j, p.num_gathered);
+      ok[u] = e < hi && in_range(j[u], p.num_gathered);
 #pragma unroll
       for (int k = 0; k < VPL; ++k) {
-        acc_t z = ok[u] && m.valid[k] ? load_value(p.s_src + j * p.H + m.head[k]) + sd[k]
-                                      : acc_t(0);
-        if (ok[u] && m.valid[k] && p.s_edge != nullptr)
-          z += load_value(p.s_edge + e * p.H + m.head[k]);
-        l[u][k] = leaky(z, p.negative_slope);
+        const bool use = ok[u] && m.valid[k];
+        ssrc[u][k] = load_value_if(use, p.s_src + static_cast<int64_t>(j[u]) * p.H + m.head[k]);
+        sedge[u][k] = load_value_if(use && p.s_edge != nullptr, p.s_edge + e * p.H + m.head[k]);
       }
     }
+    acc_t l[kU][VPL];
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+#pragma unroll
+      for (int k = 0; k < VPL; ++k) {
+        acc_t z = ok[u] && m.valid[k] ? ssrc[u][k] + sd[k] : acc_t(0);
+        z += sedge[u][k];
+        l[u][k] = leaky(z, p.negative_slope);
+      }
 #pragma unroll
     for (int u = 0; u < kU; ++u)
 #pragma unroll
@@ -821,7 +833,7 @@ __device__ __forceinline__ void attend_heads(at::opmath_type<scalar_t> (&acc)[VP
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const bool inside = e0 + u < hi;
-      j[u] = inside ? __ldg(p.idx + e0 + u) : index_t(-1);
+      j[u] = load_index_if(inside, p.idx + e0 + u);
       ok[u] = inside && in_range(j[u], p.num_gathered);
     }
     Vec<scalar_t, V> xv[U][VPL];
@@ -831,14 +843,12 @@ __device__ __forceinline__ void attend_heads(at::opmath_type<scalar_t> (&acc)[VP
 #pragma unroll
       for (int k = 0; k < VPL; ++k) {
         const bool use = ok[u] && m.valid[k];
-        xv[u][k] = use ? load_vec<scalar_t, V>(p.x + static_cast<int64_t>(j[u]) * p.HD +
-                                               m.feat[k])
-                       : zero_vec<scalar_t, V>();
-        z[u][k] = use ? load_value(p.s_src + static_cast<int64_t>(j[u]) * p.H + m.head[k]) +
-                            sd[k]
-                      : acc_t(0);
-        if (use && p.s_edge != nullptr)
-          z[u][k] += load_value(p.s_edge + (e0 + u) * p.H + m.head[k]);
+        xv[u][k] =
+            load_vec_if<scalar_t, V>(use, p.x + static_cast<int64_t>(j[u]) * p.HD + m.feat[k]);
+        const acc_t ssrc =
+            load_value_if(use, p.s_src + static_cast<int64_t>(j[u]) * p.H + m.head[k]);
+        z[u][k] = use ? ssrc + sd[k] : acc_t(0);
+        z[u][k] += load_value_if(use && p.s_edge != nullptr, p.s_edge + (e0 + u) * p.H + m.head[k]);
       }
     unsigned keep[VPL];
     if (p.rng.threshold != 0)
@@ -921,7 +931,7 @@ __device__ __forceinline__ void attend_heads_online(at::opmath_type<scalar_t> (&
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const bool inside = e0 + u < hi;
-      j[u] = inside ? __ldg(p.idx + e0 + u) : index_t(-1);
+      j[u] = load_index_if(inside, p.idx + e0 + u);
       ok[u] = inside && in_range(j[u], p.num_gathered);
     }
     Vec<scalar_t, V> xv[U][VPL];
@@ -931,13 +941,12 @@ __device__ __forceinline__ void attend_heads_online(at::opmath_type<scalar_t> (&
 #pragma unroll
       for (int k = 0; k < VPL; ++k) {
         const bool use = ok[u] && m.valid[k];
-        xv[u][k] = use ? load_vec<scalar_t, V>(p.x + static_cast<int64_t>(j[u]) * p.HD +
-                                               m.feat[k])
-                       : zero_vec<scalar_t, V>();
-        acc_t z = use ? load_value(p.s_src + static_cast<int64_t>(j[u]) * p.H + m.head[k]) +
-                            sd[k]
-                      : acc_t(0);
-        if (use && p.s_edge != nullptr) z += load_value(p.s_edge + (e0 + u) * p.H + m.head[k]);
+        xv[u][k] =
+            load_vec_if<scalar_t, V>(use, p.x + static_cast<int64_t>(j[u]) * p.HD + m.feat[k]);
+        const acc_t ssrc =
+            load_value_if(use, p.s_src + static_cast<int64_t>(j[u]) * p.H + m.head[k]);
+        acc_t z = use ? ssrc + sd[k] : acc_t(0);
+        z += load_value_if(use && p.s_edge != nullptr, p.s_edge + (e0 + u) * p.H + m.head[k]);
         l[u][k] = use ? leaky(z, slope) * scale : -std::numeric_limits<acc_t>::infinity();
       }
     unsigned keep[VPL];

@@ -79,8 +79,12 @@ __device__ __forceinline__ void gather_step(at::opmath_type<scalar_t> (&acc)[VPL
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const bool inside = e + u < hi;
-    src[u] = inside ? load_index(p.idx + e + u) : -1;
-    we[u] = (inside && p.wperm != nullptr) ? load_index(p.wperm + e + u) : e + u;
+    src[u] = load_index_if(inside, p.idx + e + u);
+    // A select, not a branch: a uniform branch per entry would cut the step
+    // into basic blocks that ptxas does not schedule across (the index loads
+    // then wait for one another).
+    const int64_t wp = load_index_if(inside && p.wperm != nullptr, p.wperm + e + u);
+    we[u] = p.wperm != nullptr ? wp : e + u;
     ok[u] = inside && in_range(src[u], p.num_src) && in_range(we[u], p.num_edges);
   }
   Vec<scalar_t, V> xv[U][VPL];
@@ -89,13 +93,9 @@ __device__ __forceinline__ void gather_step(at::opmath_type<scalar_t> (&acc)[VPL
   for (int u = 0; u < U; ++u)
 #pragma unroll
     for (int k = 0; k < VPL; ++k) {
-      if (ok[u] && m.valid[k]) {
-        xv[u][k] = load_vec<scalar_t, V>(p.x + src[u] * p.HD + m.feat[k]);
-        w[u][k] = load_value(p.weight + we[u] * p.H + m.head[k]);
-      } else {
-        xv[u][k] = zero_vec<scalar_t, V>();
-        w[u][k] = acc_t(0);
-      }
+      const bool load = ok[u] && m.valid[k];
+      xv[u][k] = load_vec_if<scalar_t, V>(load, p.x + src[u] * p.HD + m.feat[k]);
+      w[u][k] = load_value_if(load, p.weight + we[u] * p.H + m.head[k]);
     }
 #pragma unroll
   for (int u = 0; u < U; ++u)
@@ -191,9 +191,9 @@ __device__ __forceinline__ void dot_step(at::opmath_type<scalar_t> (&acc)[VPL][V
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const bool inside = e0 + u < hi;  // the last step of a row is partial
-    src[u] = inside ? __ldg(p.idx + e0 + u) : index_t(-1);
-    e[u] = (inside && p.perm != nullptr) ? __ldg(p.perm + e0 + u)
-                                         : static_cast<index_t>(e0 + u);
+    src[u] = load_index_if(inside, p.idx + e0 + u);
+    const index_t pe = load_index_if(inside && p.perm != nullptr, p.perm + e0 + u);  // no branch
+    e[u] = p.perm != nullptr ? pe : static_cast<index_t>(e0 + u);
     e_ok[u] = inside && in_range(e[u], p.num_edges);
     ok[u] = e_ok[u] && in_range(src[u], p.num_gathered);
   }
@@ -204,12 +204,10 @@ __device__ __forceinline__ void dot_step(at::opmath_type<scalar_t> (&acc)[VPL][V
 #pragma unroll
     for (int k = 0; k < VPL; ++k) {
       const bool load = ok[u] && m.valid[k];
-      gv[u][k] = load ? load_vec<scalar_t, V>(p.gathered + static_cast<int64_t>(src[u]) * p.HD +
-                                              m.feat[k])
-                      : zero_vec<scalar_t, V>();
-      w[u][k] = (load && with_weight)
-                    ? load_value(p.weight + static_cast<int64_t>(e[u]) * p.H + m.head[k])
-                    : acc_t(0);
+      gv[u][k] = load_vec_if<scalar_t, V>(
+          load, p.gathered + static_cast<int64_t>(src[u]) * p.HD + m.feat[k]);
+      w[u][k] = load_value_if(load && with_weight,
+                              p.weight + static_cast<int64_t>(e[u]) * p.H + m.head[k]);
     }
 #pragma unroll
   for (int u = 0; u < U; ++u) {
