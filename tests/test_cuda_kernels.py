@@ -142,6 +142,28 @@ def test_power_law_with_hub(heads, channels, dtype, index_dtype):
                   grad_out, dtype)
 
 
+@pytest.mark.parametrize("split", ["0", "1"], ids=["row_per_group", "row_per_warp"])
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("heads,channels", [(1, 1), (1, 3), (1, 8), (8, 8), (4, 32), (2, 24)])
+def test_forward_narrow_rows_both_layouts(heads, channels, dtype, split, monkeypatch):
+    """Rows narrower than a warp (G < 32 lanes) are gathered either one row per
+    group of lanes or one row per warp, the warp's groups splitting its entries
+    (PYG_MULTIHEAD_AGG_SPLIT_ROWS forces the choice the kernel otherwise makes
+    from the average degree): both match the reference on power-law rows (a
+    hub, empty rows) and on short uniform rows, int32 and int64."""
+    monkeypatch.setenv("PYG_MULTIHEAD_AGG_SPLIT_ROWS", split)
+    gen = torch.Generator().manual_seed(heads * 100 + channels)
+    graphs = [(*power_law_graph(300, 200, gen, hub_degree=700), 200),
+              (*random_graph(40, 31, 150, gen), 31)]
+    for index_dtype, (rowptr, col, num_src) in zip(INDICES, graphs, strict=True):
+        weight, x, _ = make_values(rowptr, col, num_src, heads, channels, dtype, gen)
+        rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
+        poison((rowptr.numel() - 1, heads, channels), dtype, "cuda")
+        out = ops.multihead_spmm(rowptr, col, weight, x)
+        assert_close(out, reference_spmm(rowptr, col, weight, x), dtype, f"forward, {index_dtype}")
+        assert torch.equal(ops.multihead_spmm(rowptr, col, weight, x), out)  # deterministic
+
+
 @pytest.mark.parametrize("index_dtype", INDICES)
 @pytest.mark.parametrize("num_dst,num_src,num_edges", [
     (12, 9, 0),      # no edges

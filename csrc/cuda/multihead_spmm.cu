@@ -40,6 +40,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <cstdint>
 
 #include "../checks.h"
@@ -64,39 +65,62 @@ struct GatherParams {
   scalar_t* out;           // [num_rows, H, D]
   int64_t num_rows, num_src, num_edges;
   int H, D, HD, G, num_chunks;
+  // Rows narrower than a warp (G < 32): when true, the 32 / G groups of a
+  // warp split the entries of one row (steps of U entries, round robin) and
+  // sum their partial rows with shuffles; when false, each group takes a
+  // row of its own. Rows of different lengths in one warp leave lanes idle
+  // (a bf16 row of 4 x 32 features is 16 lanes: 24.7 active threads per warp
+  // on products-like, session 3), one row per warp does not.
+  bool split;
 };
 
-// Entries e..min(e+U, hi)-1: U*VPL independent gathers, then the FMAs. The
-// last, partial step is predicated rather than run one entry at a time, so a
-// row of 14 edges costs two round trips of latency, not seven.
-template <int U, typename scalar_t, typename index_t, int V, int VPL>
-__device__ __forceinline__ void gather_step(at::opmath_type<scalar_t> (&acc)[VPL][V], int64_t e,
-                                            int64_t hi, const GatherParams<scalar_t, index_t>& p,
-                                            const LaneMap<VPL>& m) {
-  using acc_t = at::opmath_type<scalar_t>;
-  int64_t src[U], we[U];
-  bool ok[U];
+// The indices of a step's entries e..e+U-1 (those at or past hi are not
+// loaded; gather_step skips them). One predicated load each and a select for
+// the weight row, with no branch: a
+// uniform branch per entry (`wperm != nullptr ? load : e + u`) cut the step
+// into basic blocks that ptxas does not schedule across, and the index loads
+// waited for one another.
+template <int U, typename index_t>
+struct StepIndex {
+  index_t src[U], we[U];
+};
+
+template <int U, typename scalar_t, typename index_t>
+__device__ __forceinline__ void load_step_indices(StepIndex<U, index_t>& s, int64_t e,
+                                                  int64_t hi,
+                                                  const GatherParams<scalar_t, index_t>& p) {
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const bool inside = e + u < hi;
-    src[u] = load_index_if(inside, p.idx + e + u);
-    // A select, not a branch: a uniform branch per entry would cut the step
-    // into basic blocks that ptxas does not schedule across (the index loads
-    // then wait for one another).
-    const int64_t wp = load_index_if(inside && p.wperm != nullptr, p.wperm + e + u);
-    we[u] = p.wperm != nullptr ? wp : e + u;
-    ok[u] = inside && in_range(src[u], p.num_src) && in_range(we[u], p.num_edges);
+    s.src[u] = load_index_if(inside, p.idx + e + u);
+    const index_t wp = load_index_if(inside && p.wperm != nullptr, p.wperm + e + u);
+    s.we[u] = p.wperm != nullptr ? wp : static_cast<index_t>(e + u);
   }
+}
+
+// Entries e..min(e+U, hi)-1 with their indices in `s`: U*VPL independent
+// gathers, then the FMAs. The last, partial step is predicated rather than
+// run one entry at a time, so a row of 14 edges costs two round trips of
+// latency, not seven.
+template <int U, typename scalar_t, typename index_t, int V, int VPL>
+__device__ __forceinline__ void gather_step(at::opmath_type<scalar_t> (&acc)[VPL][V],
+                                            const StepIndex<U, index_t>& s, int64_t e,
+                                            int64_t hi, const GatherParams<scalar_t, index_t>& p,
+                                            const LaneMap<VPL>& m) {
+  using acc_t = at::opmath_type<scalar_t>;
   Vec<scalar_t, V> xv[U][VPL];
   acc_t w[U][VPL];
 #pragma unroll
-  for (int u = 0; u < U; ++u)
+  for (int u = 0; u < U; ++u) {
+    const bool ok = e + u < hi && in_range(s.src[u], p.num_src) && in_range(s.we[u], p.num_edges);
 #pragma unroll
     for (int k = 0; k < VPL; ++k) {
-      const bool load = ok[u] && m.valid[k];
-      xv[u][k] = load_vec_if<scalar_t, V>(load, p.x + src[u] * p.HD + m.feat[k]);
-      w[u][k] = load_value_if(load, p.weight + we[u] * p.H + m.head[k]);
+      const bool load = ok && m.valid[k];
+      xv[u][k] = load_vec_if<scalar_t, V>(
+          load, p.x + static_cast<int64_t>(s.src[u]) * p.HD + m.feat[k]);
+      w[u][k] = load_value_if(load, p.weight + static_cast<int64_t>(s.we[u]) * p.H + m.head[k]);
     }
+  }
 #pragma unroll
   for (int u = 0; u < U; ++u)
 #pragma unroll
@@ -105,17 +129,36 @@ __device__ __forceinline__ void gather_step(at::opmath_type<scalar_t> (&acc)[VPL
       for (int v = 0; v < V; ++v) acc[k][v] += w[u][k] * static_cast<acc_t>(xv[u][k].val[v]);
 }
 
+// Steps of U entries from lo + first * U, every `stride` steps. With 32-bit
+// indices the next step's indices are loaded before this step's gathers, so
+// that a step waits for one round trip (its gathers), not two; 64-bit ones
+// would take 32 more registers.
 template <typename scalar_t, typename index_t, int V, int VPL>
 __device__ __forceinline__ void gather_entries(at::opmath_type<scalar_t> (&acc)[VPL][V],
                                                int64_t lo, int64_t hi,
                                                const GatherParams<scalar_t, index_t>& p,
-                                               const LaneMap<VPL>& m) {
+                                               const LaneMap<VPL>& m, int first = 0,
+                                               int stride = 1) {
   constexpr int U = kLoadsInFlight / VPL;
+  constexpr bool kPrefetch = sizeof(index_t) == 4;
 #pragma unroll
   for (int k = 0; k < VPL; ++k)
 #pragma unroll
     for (int v = 0; v < V; ++v) acc[k][v] = 0;
-  for (int64_t e = lo; e < hi; e += U) gather_step<U>(acc, e, hi, p, m);
+  const int64_t step = static_cast<int64_t>(stride) * U;
+  StepIndex<U, index_t> cur;
+  if constexpr (kPrefetch) load_step_indices(cur, lo + first * U, hi, p);
+  for (int64_t e = lo + first * U; e < hi; e += step) {
+    if constexpr (kPrefetch) {
+      StepIndex<U, index_t> next;
+      load_step_indices(next, e + step, hi, p);
+      gather_step<U>(acc, cur, e, hi, p, m);
+      cur = next;
+    } else {
+      load_step_indices(cur, e, hi, p);
+      gather_step<U>(acc, cur, e, hi, p, m);
+    }
+  }
 }
 
 template <typename scalar_t, typename index_t, int V, int VPL>
@@ -125,15 +168,26 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   __shared__ acc_t red[kThreads * VPL * V];
   const int G = p.G, lane = threadIdx.x & (G - 1);
   const int group = threadIdx.x / G, groups = kThreads / G;
+  // With p.split, a warp's sub-groups (sub < subs) share one row.
+  const int subs = p.split ? 32 / G : 1, sub = p.split ? (threadIdx.x & 31) / G : 0;
 
   auto short_row = [&](int64_t, int64_t r, int64_t lo, int64_t hi) {
     for (int chunk = 0; chunk < p.num_chunks; ++chunk) {
       const auto m = lane_map<V, VPL>(chunk, lane, G, p.D, p.HD);
       acc_t acc[VPL][V];
-      gather_entries(acc, lo, hi, p, m);
+      gather_entries(acc, lo, hi, p, m, sub, subs);
+      if (p.split) {  // warp-uniform; a fixed butterfly, so deterministic
+        for (int off = G; off < 32; off <<= 1)
 #pragma unroll
-      for (int k = 0; k < VPL; ++k)
-        if (m.valid[k]) store_vec<scalar_t, V>(p.out + r * p.HD + m.feat[k], acc[k]);
+          for (int k = 0; k < VPL; ++k)
+#pragma unroll
+            for (int v = 0; v < V; ++v) acc[k][v] += __shfl_xor_sync(0xffffffffu, acc[k][v], off);
+      }
+      if (sub == 0) {
+#pragma unroll
+        for (int k = 0; k < VPL; ++k)
+          if (m.valid[k]) store_vec<scalar_t, V>(p.out + r * p.HD + m.feat[k], acc[k]);
+      }
     }
   };
   auto long_row = [&](int64_t r, int64_t lo, int64_t hi) {
@@ -147,7 +201,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
                                                   p.out + r * p.HD);
     }
   };
-  for_each_work_item(p.ptr, p.num_edges, wl, G, 1, short_row, long_row);
+  for_each_work_item(p.ptr, p.num_edges, wl, p.split ? 32 : G, 1, short_row, long_row);
 }
 
 // ---------------------------------------------------------------------------
@@ -387,11 +441,20 @@ void launch_gather(GatherParams<scalar_t, index_t> p, const at::TensorOptions& o
   const auto c = lane_config(vectorised ? p.HD / kVec : p.HD, vectorised);
   p.G = c.G;
   p.num_chunks = c.num_chunks;
+  // Split a row's entries over a warp's 32 / G groups when rows are long
+  // enough on average to give each group a step of its own half the time
+  // (U = 8 / VPL entries a step): rows of ~5 entries keep a row per group.
+  const int64_t subs = 32 / c.G, step = kLoadsInFlight / c.vpl;
+  p.split = c.G < 32 && p.num_rows > 0 && p.num_edges * 2 >= p.num_rows * subs * step;
+  if (const char* env = std::getenv("PYG_MULTIHEAD_AGG_SPLIT_ROWS")) {  // A/B and tests
+    if (env[0] == '0' || env[0] == '1') p.split = c.G < 32 && env[0] == '1';
+  }
   at::Tensor storage;
   const WorkList wl = make_work_list(p.ptr, p.num_rows, p.num_edges, storage, options);
   auto stream = c10::cuda::getCurrentCUDAStream();
   auto launch = [&](auto kernel) {
-    kernel<<<persistent_grid(kernel, p.num_rows, p.G), kThreads, 0, stream>>>(p, wl);
+    kernel<<<persistent_grid(kernel, p.num_rows, p.split ? 32 : p.G), kThreads, 0, stream>>>(
+        p, wl);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
   if (vectorised) {
