@@ -60,6 +60,13 @@ SMALL=(
   "$K::test_empty_and_bipartite[0-7-0-index_dtype0]"
   "$K::test_empty_and_bipartite[7-300-40-index_dtype1]"
 )
+# Rows narrower than a warp, one row per warp (the warp's groups split it)
+# and one per group; bf16 4 x 32 and a single-lane row (1 x 8 bf16).
+NARROW=(
+  "$K::test_forward_narrow_rows_both_layouts[4-32-dtype1-row_per_warp]"
+  "$K::test_forward_narrow_rows_both_layouts[4-32-dtype1-row_per_group]"
+  "$K::test_forward_narrow_rows_both_layouts[1-8-dtype1-row_per_warp]"
+)
 HUB=(
   "$K::test_power_law_with_hub[4-32-dtype2-index_dtype0]"
   "$K::test_power_law_with_hub[3-33-dtype1-index_dtype1]"
@@ -93,12 +100,12 @@ OURS=(--kernel-name kns=pyg_multihead_agg)
 
 selection() {
   case "$1" in
-    memcheck) echo "${SMALL[@]}" "${HUB[@]}" "${GAT[@]}" "${MALFORMED[@]}";;
+    memcheck) echo "${SMALL[@]}" "${NARROW[@]}" "${HUB[@]}" "${GAT[@]}" "${MALFORMED[@]}";;
     memcheck_large) echo "tests/test_large_index.py::test_many_source_rows[4-64-index_dtype0]";;
     racecheck) echo "${HUB[@]}" "${SMALL[0]}" "${SMALL[2]}" "${GAT[@]:1:2}" "${GAT[@]:4:2}";;
-    initcheck) echo "${SMALL[@]:0:3}" "${HUB[0]}" "$K::test_malformed_graphs_do_not_fault" \
-      "${GAT[@]}";;
-    synccheck) echo "${SMALL[@]:0:3}" "${HUB[@]}" "${GAT[@]}";;
+    initcheck) echo "${SMALL[@]:0:3}" "${NARROW[0]}" "${HUB[0]}" \
+      "$K::test_malformed_graphs_do_not_fault" "${GAT[@]}";;
+    synccheck) echo "${SMALL[@]:0:3}" "${NARROW[0]}" "${HUB[@]}" "${GAT[@]}";;
   esac
 }
 

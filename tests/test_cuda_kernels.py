@@ -246,7 +246,9 @@ def test_malformed_graphs_do_not_fault(index_dtype):
     gen = torch.Generator().manual_seed(5)
     num_dst, num_src, num_edges = 40, 30, 400
     dtype = torch.float32
-    for H, D in ((4, 32), (3, 33)):
+    # (8, 8): 16-lane rows, which the forward gathers a row per warp here
+    # (10 entries per row on average, see test_forward_narrow_rows_both_layouts).
+    for H, D in ((4, 32), (8, 8), (3, 33)):
         for rowptr, col in malformed_graphs(num_dst, num_src, num_edges, gen):
             rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
             weight, x, grad_out = make_values(rowptr, col, num_src, H, D, dtype, gen)

@@ -444,9 +444,12 @@ void launch_gather(GatherParams<scalar_t, index_t> p, const at::TensorOptions& o
   // Split a row's entries over a warp's 32 / G groups when rows are long
   // enough on average to give each group a step of its own half the time
   // (U = 8 / VPL entries a step): rows of ~5 entries keep a row per group.
+  // PYG_MULTIHEAD_AGG_SPLIT_ROWS=0 / 1 forces the choice (A/B, tests). (The
+  // same split in dot_gather_kernel spilled 64-92 bytes under its register
+  // cap, float32 included, so the backward keeps a column per group.)
   const int64_t subs = 32 / c.G, step = kLoadsInFlight / c.vpl;
   p.split = c.G < 32 && p.num_rows > 0 && p.num_edges * 2 >= p.num_rows * subs * step;
-  if (const char* env = std::getenv("PYG_MULTIHEAD_AGG_SPLIT_ROWS")) {  // A/B and tests
+  if (const char* env = std::getenv("PYG_MULTIHEAD_AGG_SPLIT_ROWS")) {
     if (env[0] == '0' || env[0] == '1') p.split = c.G < 32 && env[0] == '1';
   }
   at::Tensor storage;
