@@ -240,19 +240,22 @@ def malformed_graphs(num_dst, num_src, num_edges, gen):
 
 
 @pytest.mark.parametrize("index_dtype", INDICES)
-def test_malformed_graphs_do_not_fault(index_dtype):
+def test_malformed_graphs_do_not_fault(index_dtype, monkeypatch):
     """No validation in the kernels, but no out-of-bounds access either: the
     CUDA context stays usable and a following valid call is right."""
     gen = torch.Generator().manual_seed(5)
     num_dst, num_src, num_edges = 40, 30, 400
     dtype = torch.float32
-    # (8, 8): 16-lane rows, which the forward gathers a row per warp here
-    # (10 entries per row on average, see test_forward_narrow_rows_both_layouts).
+    # (8, 8): 16-lane rows, gathered a row per group and a row per warp
+    # (see test_forward_narrow_rows_both_layouts).
     for H, D in ((4, 32), (8, 8), (3, 33)):
         for rowptr, col in malformed_graphs(num_dst, num_src, num_edges, gen):
             rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
             weight, x, grad_out = make_values(rowptr, col, num_src, H, D, dtype, gen)
-            ops.multihead_spmm(rowptr, col, weight, x)
+            for split in ("0", "1"):
+                monkeypatch.setenv("PYG_MULTIHEAD_AGG_SPLIT_ROWS", split)
+                ops.multihead_spmm(rowptr, col, weight, x)
+            monkeypatch.delenv("PYG_MULTIHEAD_AGG_SPLIT_ROWS")
             ops.multihead_sddmm(rowptr, col, grad_out, x)
             ops.multihead_spmm_backward_x_scatter(rowptr, col, weight, grad_out, num_src)
             # A CSC with the same defects: out-of-range rows and perm entries.
