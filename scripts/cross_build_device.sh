@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Builds pyg_multihead_agg/_C.abi3.so on this CPU machine for the GPU machine's
+# torch (2.11.0+cu130, sm_90a), with the flags its setup.py build uses there,
+# so that a device call can skip its ~2.5-minute build: carry the .so
+# (`carry: ["pyg_multihead_agg/_C.abi3.so"]`) and run with PYTHONPATH=$PWD
+# (scripts/sanitize.sh with SANITIZE_BUILD=0). Session 5 ran its last
+# compute-sanitizer call this way. Needs nvcc 13.x and the torch wheel of the
+# device's version (headers and the five libraries it links against); the .so
+# is abi3 (Python >= 3.10), so the local Python's headers do.
+#   scripts/cross_build_device.sh [TORCH_VERSION (default 2.11.0)]
+# Afterwards a local CPU build must be restored (`pip install -e .`).
+set -euo pipefail
+VER="${1:-2.11.0}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+WORK="${CROSS_BUILD_DIR:-/tmp/cross_build_$VER}"; mkdir -p "$WORK/obj"
+if [ ! -d "$WORK/torch/include" ]; then
+  pip download "torch==$VER" --no-deps -d "$WORK/wheel"
+  (cd "$WORK" && unzip -q -o wheel/torch-"$VER"-*.whl 'torch/include/*' 'torch/lib/libc10.so' \
+    'torch/lib/libtorch.so' 'torch/lib/libtorch_cpu.so' 'torch/lib/libc10_cuda.so' \
+    'torch/lib/libtorch_cuda.so')
+fi
+T="$WORK/torch"; O="$WORK/obj"
+PY="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+CUDA="${CUDA_HOME:-/usr/local/cuda}"
+INC="-I$T/include -I$T/include/torch/csrc/api/include -I$CUDA/include -I$PY"
+DEF="-DWITH_CUDA -DTORCH_API_INCLUDE_EXTENSION_H -DPy_LIMITED_API=0x030A0000 -DTORCH_EXTENSION_NAME=_C"
+CXXF="-fno-strict-overflow -DNDEBUG -O3 -fPIC -std=c++17 -D_GLIBCXX_USE_CXX11_ABI=1"
+NVF="-D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__ -D__CUDA_NO_BFLOAT16_CONVERSIONS__"
+NVF="$NVF -D__CUDA_NO_HALF2_OPERATORS__ --expt-relaxed-constexpr --compiler-options -fPIC -O3"
+NVF="$NVF -lineinfo -gencode=arch=compute_90a,code=sm_90a -ccbin /usr/bin/gcc -std=c++17"
+cd "$ROOT"
+rm -f "$O"/*.o
+pids=()
+for f in csrc/cuda/*.cu; do
+  # shellcheck disable=SC2086
+  "$CUDA/bin/nvcc" $INC -c "$f" -o "$O/cuda_$(basename "$f" .cu).o" $NVF $DEF &
+  pids+=($!)
+done
+for f in csrc/*.cpp csrc/cpu/*.cpp; do
+  # shellcheck disable=SC2086
+  g++ $CXXF $INC $DEF -c "$f" -o "$O/$(echo "${f#csrc/}" | tr / _ | sed 's/\.cpp$//').o"
+done
+for p in "${pids[@]}"; do wait "$p"; done
+g++ -shared -Wl,-O1 -Wl,-Bsymbolic-functions "$O"/*.o -L"$T/lib" -L"$CUDA/lib64" -lc10 -ltorch \
+  -ltorch_cpu -lcudart -lc10_cuda -ltorch_cuda -o "$ROOT/pyg_multihead_agg/_C.abi3.so"
+echo "built $ROOT/pyg_multihead_agg/_C.abi3.so for torch $VER (sm_90a)"
