@@ -11,7 +11,11 @@
 // forward and one feature chunk:
 //     acc[l, k] = sum_e weight[e, head(v)] * x[col[e]].view(-1, V)[v]
 // with the row's edges unrolled by U = 8 / VPL so that 8 gathers per lane are
-// in flight. Rows wider than 32 * 4 vectors loop over feature chunks.
+// in flight. Rows wider than 32 * 4 vectors loop over feature chunks. In the
+// gather, rows narrower than a warp (G < 32) may instead take a whole warp,
+// its 32 / G groups splitting the row's steps (GatherParams::split). Every
+// load of a step is a predicated inline-PTX load (load_vec_if and friends in
+// common.cuh), with no branch between them.
 //
 // Load balance. Rows with more than `long_threshold` edges are listed by a
 // first tiny kernel; the main kernel is persistent and takes work items from
@@ -76,10 +80,9 @@ struct GatherParams {
 
 // The indices of a step's entries e..e+U-1 (those at or past hi are not
 // loaded; gather_step skips them). One predicated load each and a select for
-// the weight row, with no branch: a
-// uniform branch per entry (`wperm != nullptr ? load : e + u`) cut the step
-// into basic blocks that ptxas does not schedule across, and the index loads
-// waited for one another.
+// the weight row, with no branch: a uniform branch per entry (`wperm !=
+// nullptr ? load : e + u`) cut the step into basic blocks that ptxas does not
+// schedule across, and the index loads waited for one another.
 template <int U, typename index_t>
 struct StepIndex {
   index_t src[U], we[U];
