@@ -7,8 +7,9 @@ loads (``LDG.E.128``, the feature-row gathers) and how many other 16-byte
 loads issue between each of them and the first instruction that reads its
 result. An unrolled step of U gathers, all issued before any is used, averages
 (U - 1) / 2 (3.5 for U = 8); gathers that wait for one another average 0.
-Session 5 found every bf16/fp16 kernel at 0 this way (a branch per load, the
-half-precision unpacking inside it), before any GPU time was spent.
+Session 5 found the bf16/fp16 gather kernels at 0.0-0.5 this way (a branch
+per load, the half-precision unpacking inside it), before any GPU time was
+spent.
 
     python scripts/sass_loads.py csrc/cuda/multihead_spmm.cu --filter "gather_kernel<float, int"
     python scripts/sass_loads.py --obj build/.../gat_attention.o

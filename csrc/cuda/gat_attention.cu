@@ -812,6 +812,43 @@ __device__ __forceinline__ void row_stats_heads(const GatParams<scalar_t, index_
   }
 }
 
+// One step's loads for this lane's heads, shared by both forward paths:
+// entries e0..e0+U-1 (none past hi or out of range: ok[u] false), their x
+// vectors and logits z = s_src + s_dst + s_edge before leaky_relu (0 for
+// those entries and for padding vectors; + 0 without edge scores), stored as
+// out[u][k] = finish(use, z). Every load is predicated, with no branch in
+// between (see load_vec_if).
+template <int U, typename scalar_t, typename index_t, int V, int VPL, typename Finish>
+__device__ __forceinline__ void load_attend_step(bool (&ok)[U], Vec<scalar_t, V> (&xv)[U][VPL],
+                                                 at::opmath_type<scalar_t> (&out)[U][VPL],
+                                                 const GatParams<scalar_t, index_t>& p,
+                                                 int64_t e0, int64_t hi,
+                                                 const RowLanes<V, VPL>& m,
+                                                 const at::opmath_type<scalar_t> (&sd)[VPL],
+                                                 Finish&& finish) {
+  using acc_t = at::opmath_type<scalar_t>;
+  index_t j[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const bool inside = e0 + u < hi;
+    j[u] = load_index_if(inside, p.idx + e0 + u);
+    ok[u] = inside && in_range(j[u], p.num_gathered);
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      const bool use = ok[u] && m.valid[k];
+      xv[u][k] =
+          load_vec_if<scalar_t, V>(use, p.x + static_cast<int64_t>(j[u]) * p.HD + m.feat[k]);
+      const acc_t ssrc =
+          load_value_if(use, p.s_src + static_cast<int64_t>(j[u]) * p.H + m.head[k]);
+      acc_t z = use ? ssrc + sd[k] : acc_t(0);
+      z += load_value_if(use && p.s_edge != nullptr, p.s_edge + (e0 + u) * p.H + m.head[k]);
+      out[u][k] = finish(use, z);
+    }
+}
+
 // Pass 2 for this lane's heads over entries [lo, hi):
 // acc = sum_e exp(l[e] - lse) * mask[e] * x[col[e], h].
 template <typename scalar_t, typename index_t, int V, int VPL>
@@ -828,28 +865,10 @@ __device__ __forceinline__ void attend_heads(at::opmath_type<scalar_t> (&acc)[VP
 #pragma unroll
     for (int v = 0; v < V; ++v) acc[k][v] = 0;
   for (int64_t e0 = lo; e0 < hi; e0 += U) {
-    index_t j[U];
     bool ok[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const bool inside = e0 + u < hi;
-      j[u] = load_index_if(inside, p.idx + e0 + u);
-      ok[u] = inside && in_range(j[u], p.num_gathered);
-    }
     Vec<scalar_t, V> xv[U][VPL];
     acc_t z[U][VPL];
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int k = 0; k < VPL; ++k) {
-        const bool use = ok[u] && m.valid[k];
-        xv[u][k] =
-            load_vec_if<scalar_t, V>(use, p.x + static_cast<int64_t>(j[u]) * p.HD + m.feat[k]);
-        const acc_t ssrc =
-            load_value_if(use, p.s_src + static_cast<int64_t>(j[u]) * p.H + m.head[k]);
-        z[u][k] = use ? ssrc + sd[k] : acc_t(0);
-        z[u][k] += load_value_if(use && p.s_edge != nullptr, p.s_edge + (e0 + u) * p.H + m.head[k]);
-      }
+    load_attend_step<U>(ok, xv, z, p, e0, hi, m, sd, [](bool, acc_t zk) { return zk; });
     unsigned keep[VPL];
     if (p.rng.threshold != 0)
       draw_keep_bits<U, VPL, index_t>(keep, p.rng, nullptr, e0, hi, q, p.log2S, m.head);
@@ -926,29 +945,12 @@ __device__ __forceinline__ void attend_heads_online(at::opmath_type<scalar_t> (&
     for (int v = 0; v < V; ++v) acc[k][v] = 0;
   }
   for (int64_t e0 = lo; e0 < hi; e0 += U) {
-    index_t j[U];
     bool ok[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const bool inside = e0 + u < hi;
-      j[u] = load_index_if(inside, p.idx + e0 + u);
-      ok[u] = inside && in_range(j[u], p.num_gathered);
-    }
     Vec<scalar_t, V> xv[U][VPL];
     acc_t l[U][VPL];
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int k = 0; k < VPL; ++k) {
-        const bool use = ok[u] && m.valid[k];
-        xv[u][k] =
-            load_vec_if<scalar_t, V>(use, p.x + static_cast<int64_t>(j[u]) * p.HD + m.feat[k]);
-        const acc_t ssrc =
-            load_value_if(use, p.s_src + static_cast<int64_t>(j[u]) * p.H + m.head[k]);
-        acc_t z = use ? ssrc + sd[k] : acc_t(0);
-        z += load_value_if(use && p.s_edge != nullptr, p.s_edge + (e0 + u) * p.H + m.head[k]);
-        l[u][k] = use ? leaky(z, slope) * scale : -std::numeric_limits<acc_t>::infinity();
-      }
+    load_attend_step<U>(ok, xv, l, p, e0, hi, m, sd, [&](bool use, acc_t z) {
+      return use ? leaky(z, slope) * scale : -std::numeric_limits<acc_t>::infinity();
+    });
     unsigned keep[VPL];
     if (p.rng.threshold != 0)
       draw_keep_bits<U, VPL, index_t>(keep, p.rng, nullptr, e0, hi, q, p.log2S, m.head);
