@@ -34,14 +34,22 @@ step() { echo "== $* ($(date +%T))" | tee -a "$LOG"; }
 # "baseline": an older tree copied (git archive) to .device/baseline is built
 # in place alongside, and the kernels step times it first, in its own process
 # (both register the same operator names), for an A/B in the same call.
+# PREBUILT=1: use the carried pyg_multihead_agg/_C.abi3.so (and the baseline's,
+# if carried) from scripts/cross_build_device.sh instead of building here.
 BASE="$PWD/.device/baseline"
-if has baseline && [ -f "$BASE/setup.py" ]; then
+if [ "${PREBUILT:-0}" = 1 ]; then
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+  ls -la pyg_multihead_agg/_C*.so "$BASE"/pyg_multihead_agg/_C*.so >> "$LOG" 2>&1
+fi
+if has baseline && [ -f "$BASE/setup.py" ] && ! ls "$BASE"/pyg_multihead_agg/_C*.so > /dev/null 2>&1; then
   (cd "$BASE" && python3 setup.py build_ext --inplace > "$RES/build_baseline.log" 2>&1) &
   BASE_PID=$!
 fi
-step build
-python3 -m pip install --no-build-isolation --no-deps -v -e . > "$RES/build.log" 2>&1 \
-  || { tail -60 "$RES/build.log" | tee -a "$LOG"; pack; exit 1; }
+if [ "${PREBUILT:-0}" != 1 ]; then
+  step build
+  python3 -m pip install --no-build-isolation --no-deps -v -e . > "$RES/build.log" 2>&1 \
+    || { tail -60 "$RES/build.log" | tee -a "$LOG"; pack; exit 1; }
+fi
 if [ -n "${BASE_PID:-}" ]; then
   wait "$BASE_PID" || { echo "baseline build failed" | tee -a "$LOG"; tail -30 "$RES/build_baseline.log" >> "$LOG"; }
 fi
@@ -72,6 +80,11 @@ if has kernels; then
   step bench_kernels
   timeout "${STEP_LIMIT_KERNELS:-150}" python3 benchmarks/bench_kernels.py --out "$RES" \
     ${KERNELS_ARGS:-} >> "$LOG" 2>&1 || rc=$?
+  if [ -n "${KERNELS64_ARGS:-}" ]; then
+    step bench_kernels "$KERNELS64_ARGS"
+    timeout "${STEP_LIMIT_KERNELS:-150}" python3 benchmarks/bench_kernels.py --out "$RES/second" \
+      $KERNELS64_ARGS >> "$LOG" 2>&1 || rc=$?
+  fi
   pack
 fi
 if has ncu; then
@@ -81,6 +94,7 @@ if has ncu; then
     --kernel-name "regex:${NCU_KERNELS:-gather_kernel|gat_}" \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
     --section WarpStateStats --section LaunchStats --section SchedulerStats \
+    --section ComputeWorkloadAnalysis --section InstructionStats \
     --metrics sm__cycles_active.avg,sm__cycles_active.max,sm__cycles_active.min \
     python3 benchmarks/bench_kernels.py --ncu ${NCU_ARGS:---shapes products-like} \
     > "$RES/ncu.log" 2>&1 || rc=$?
