@@ -47,7 +47,7 @@ def find_tool(name):
              f"pip install nvidia-cuda-{name}")
 
 
-def compile_cu(source, workdir):
+def compile_cu(source, workdir, defines=()):
     import torch.utils.cpp_extension as ext
 
     includes = ext.include_paths()
@@ -63,7 +63,7 @@ def compile_cu(source, workdir):
            "-DWITH_CUDA", "-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
            "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__",
            "-D_GLIBCXX_USE_CXX11_ABI=1", "-Xptxas", "-v", "-c", source, "-o", obj]
-    cmd += ["-I" + p for p in includes]
+    cmd += ["-I" + p for p in includes] + ["-D" + d for d in defines]
     print("compiling", os.path.relpath(source, ROOT), "(1-3 minutes) ...", file=sys.stderr)
     run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode != 0:
@@ -125,6 +125,8 @@ def main():
     parser.add_argument("source", nargs="?", help="a .cu file (compiled for sm_90)")
     parser.add_argument("--obj", help="an object file instead of a source")
     parser.add_argument("--filter", default="", help="only kernels whose name contains this")
+    parser.add_argument("-D", dest="defines", action="append", default=[],
+                        help="a macro for nvcc (e.g. -D PMA_BACKWARD_ENTRIES=4), repeatable")
     args = parser.parse_args()
     if not args.source and not args.obj:
         parser.error("give a .cu file or --obj")
@@ -132,7 +134,7 @@ def main():
         usage = {}
         obj = args.obj
         if obj is None:
-            obj, log = compile_cu(os.path.abspath(args.source), work)
+            obj, log = compile_cu(os.path.abspath(args.source), work, args.defines)
             usage = ptxas_usage(log)
         sass = subprocess.run([find_tool("cuobjdump"), "-sass", obj], capture_output=True,
                               text=True, check=True).stdout

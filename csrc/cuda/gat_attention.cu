@@ -465,25 +465,58 @@ __global__ void __launch_bounds__(kThreads, 1)
 // (SliceList) that any group takes, and a second kernel adds the slices'
 // partial sums in slice order.
 
-// What the backward needs of destination row i, head h, in one 16-byte load
-// (two for float64).
+// CSC entries per step of the all-heads backward for one vector per lane
+// (kBackwardEntries / VPL for VPL vectors), and whether the next step's rows
+// are loaded ahead (int32 indices always; int64 ones cost 2 * U registers).
+#ifndef PMA_BACKWARD_ENTRIES
+#define PMA_BACKWARD_ENTRIES 8
+#endif
+#ifndef PMA_BACKWARD_PREFETCH64
+#define PMA_BACKWARD_PREFETCH64 0
+#endif
+#ifndef PMA_BACKWARD_MIN_BLOCKS
+#define PMA_BACKWARD_MIN_BLOCKS 4
+#endif
+constexpr int kBackwardEntries = PMA_BACKWARD_ENTRIES;
+
+// What the backward needs of destination row i, head h: 16 bytes (32 for
+// float64), loaded in halves (load_aux_half).
 template <typename acc_t>
 struct alignas(4 * sizeof(acc_t)) RowAux {
   acc_t sd, lse, dl, pad;  // s_dst[i, h], lse[i, h], delta[i, h] - grad_lse[i, h]
 };
 
+// Half of an entry's RowAux: (sd, lse) for the even lanes q of a head,
+// (dl, pad) for the odd ones, as one predicated load (zeros when !pred; see
+// load_vec_if). A lane holds 2 registers per entry in flight instead of 4, so
+// a step can gather twice the entries; one xor-1 shuffle per field gives each
+// lane the other half (aux_fields). Needs S >= 2 lanes per head.
 template <typename acc_t>
-__device__ __forceinline__ RowAux<acc_t> load_aux(bool pred, const RowAux<acc_t>* p) {
-  // Zeros when !pred, as one predicated load (see load_vec_if).
-  RowAux<acc_t> a;
-  if constexpr (sizeof(acc_t) == 4) {
-    *reinterpret_cast<uint4*>(&a) = RawLoad<16>::load(pred, p);
-  } else {
-    const auto* q = reinterpret_cast<const uint4*>(p);
-    reinterpret_cast<uint4*>(&a)[0] = RawLoad<16>::load(pred, q);
-    reinterpret_cast<uint4*>(&a)[1] = RawLoad<16>::load(pred, q + 1);
-  }
-  return a;
+struct AuxHalf {
+  acc_t a, b;
+};
+
+template <typename acc_t>
+__device__ __forceinline__ AuxHalf<acc_t> load_aux_half(bool pred, const RowAux<acc_t>* p,
+                                                        int q) {
+  constexpr int kBytes = 2 * sizeof(acc_t);
+  const auto raw = RawLoad<kBytes>::load(
+      pred, reinterpret_cast<const char*>(p) + (q & 1) * kBytes);
+  AuxHalf<acc_t> h;
+  memcpy(&h, &raw, kBytes);
+  return h;
+}
+
+// (sd, lse, dl) of the entry from this lane's half and its xor-1 partner's
+// (called by every lane of the group).
+template <typename acc_t>
+__device__ __forceinline__ void aux_fields(const AuxHalf<acc_t>& h, int q, unsigned mask,
+                                           acc_t& sd, acc_t& lse, acc_t& dl) {
+  const acc_t oa = __shfl_xor_sync(mask, h.a, 1), ob = __shfl_xor_sync(mask, h.b, 1);
+  const bool first = (q & 1) == 0;
+  sd = first ? h.a : oa;
+  lse = first ? h.b : ob;
+  dl = first ? oa : h.a;
 }
 
 // <a, b> of one lane's vector, in element order; the S-lane butterfly follows
@@ -564,10 +597,13 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
                                              int64_t lo, int64_t hi, const RowLanes<V, VPL>& m,
                                              int lane, unsigned mask) {
   using acc_t = at::opmath_type<scalar_t>;
-  // Entries per step: each brings two 16-byte loads per vector (grad_out and
-  // the packed aux), so half the forward's count keeps kLoadsInFlight loads
-  // in flight and the kernel within 128 registers (2 blocks per SM).
-  constexpr int U = kLoadsInFlight / 2 / VPL > 0 ? kLoadsInFlight / 2 / VPL : 1;
+  // Entries per step: kLoadsInFlight 16-byte grad_out gathers per lane, as in
+  // the forward, each with half an aux (load_aux_half): 6 registers per entry
+  // and vector in flight for float32 (session 5: 4 entries of 8 registers).
+  // Half as many for 2- and 8-byte types: an unpacked bf16/fp16 vector and a
+  // float64 one (with its 16-byte aux half) take twice the registers.
+  constexpr int kEntries = sizeof(scalar_t) == 4 ? kBackwardEntries : kBackwardEntries / 2;
+  constexpr int U = kEntries / VPL > 0 ? kEntries / VPL : 1;
   const auto* aux = static_cast<const RowAux<acc_t>*>(p.aux);
   const int S = p.S, q = lane & (S - 1);
   Vec<scalar_t, V> xr[VPL];
@@ -581,38 +617,39 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
 #pragma unroll
     for (int v = 0; v < V; ++v) acc[k][v] = 0;
   }
-  // With 32-bit indices, the entries' indices one step ahead: a step's
-  // gathers wait only for indices loaded during the previous step's
-  // arithmetic. (64-bit ones would take 16 more registers: 4 blocks instead
-  // of 5, which measured slower than no prefetch.)
-  constexpr bool kPrefetch = sizeof(index_t) == 4;
-  auto load_indices = [&](int64_t k0, index_t(&ni)[U], index_t(&ne)[U]) {
+  // The entries' rows one step ahead (kBackwardPrefetch): a step's gathers
+  // wait only for indices loaded during the previous step's arithmetic. The
+  // edge ids (perm) are used last, by the grad_z store, and load with the
+  // step's gathers.
+  constexpr bool kBackwardPrefetch = sizeof(index_t) == 4 || PMA_BACKWARD_PREFETCH64;
+  auto load_rows = [&](int64_t k0, index_t(&ni)[U]) {
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const bool inside = k0 + u < hi;
-      ni[u] = load_index_if(inside, p.idx + k0 + u);
-      ne[u] = load_index_if(inside, p.perm + k0 + u);
-    }
+    for (int u = 0; u < U; ++u) ni[u] = load_index_if(k0 + u < hi, p.idx + k0 + u);
   };
-  index_t i[U], e[U];  // the index type: int32 graphs keep half the registers
-  if constexpr (kPrefetch) load_indices(lo, i, e);
+  index_t i[U];  // the index type: int32 graphs keep half the registers
+  if constexpr (kBackwardPrefetch) load_rows(lo, i);
   for (int64_t k0 = lo; k0 < hi; k0 += U) {
-    if constexpr (!kPrefetch) load_indices(k0, i, e);
-    bool ok[U];
+    if constexpr (!kBackwardPrefetch) load_rows(k0, i);
+    index_t e[U];
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-      ok[u] = k0 + u < hi && in_range(i[u], p.num_gathered) && in_range(e[u], p.num_edges);
+    for (int u = 0; u < U; ++u) e[u] = load_index_if(k0 + u < hi, p.perm + k0 + u);
+    bool ok_row[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) ok_row[u] = k0 + u < hi && in_range(i[u], p.num_gathered);
     Vec<scalar_t, V> gv[U][VPL];
-    RowAux<acc_t> ax[U][VPL];
+    AuxHalf<acc_t> ax[U][VPL];
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int k = 0; k < VPL; ++k) {
-        const bool use = ok[u] && m.valid[k];
+        const bool use = ok_row[u] && m.valid[k];
         gv[u][k] = load_vec_if<scalar_t, V>(
             use, p.grad_out + static_cast<int64_t>(i[u]) * p.HD + m.feat[k]);
-        ax[u][k] = load_aux(use, aux + static_cast<int64_t>(i[u]) * p.H + m.head[k]);
+        ax[u][k] = load_aux_half(use, aux + static_cast<int64_t>(i[u]) * p.H + m.head[k], q);
       }
+    bool ok[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) ok[u] = ok_row[u] && in_range(e[u], p.num_edges);
     acc_t se[U][VPL];  // s_edge[e, h], added last as in the forward's z
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -623,35 +660,33 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
     unsigned keep[VPL];
     if (p.rng.threshold != 0)
       draw_keep_bits<U, VPL>(keep, p.rng, p.perm, k0, hi, q, p.log2S, m.head);
-    index_t ni[U], ne[U];
-    if constexpr (kPrefetch) load_indices(k0 + U, ni, ne);
+    index_t ni[U];
+    if constexpr (kBackwardPrefetch) load_rows(k0 + U, ni);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (k0 + u >= hi) break;  // group-uniform: no shuffles for a partial step's padding
 #pragma unroll
       for (int k = 0; k < VPL; ++k) {
         const acc_t dot = lanes_sum(vec_dot<scalar_t, V>(gv[u][k], xr[k]), S, mask);
+        acc_t sd, lse, dl;
+        aux_fields(ax[u][k], q, mask, sd, lse, dl);
         const acc_t mk =
             p.rng.threshold != 0 ? keep_scale(keep[k], u, S, p.log2S, mask, p.scale) : acc_t(1);
         if (!(ok[u] && m.valid[k])) continue;
-        acc_t z = ss[k] + ax[u][k].sd;
+        acc_t z = ss[k] + sd;
         z += se[u][k];
-        const acc_t alpha = exp_(leaky(z, p.negative_slope) - ax[u][k].lse);
+        const acc_t alpha = exp_(leaky(z, p.negative_slope) - lse);
         const acc_t w = alpha * mk;
 #pragma unroll
         for (int v = 0; v < V; ++v) acc[k][v] += w * static_cast<acc_t>(gv[u][k].val[v]);
-        const acc_t gz =
-            alpha * (mk * dot - ax[u][k].dl) * (z > acc_t(0) ? acc_t(1) : p.negative_slope);
+        const acc_t gz = alpha * (mk * dot - dl) * (z > acc_t(0) ? acc_t(1) : p.negative_slope);
         gsrc[k] += gz;
         if (q == 0) p.grad_z[static_cast<int64_t>(e[u]) * p.H + m.head[k]] = gz;
       }
     }
-    if constexpr (kPrefetch) {
+    if constexpr (kBackwardPrefetch) {
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        i[u] = ni[u];
-        e[u] = ne[u];
-      }
+      for (int u = 0; u < U; ++u) i[u] = ni[u];
     }
   }
 }
@@ -666,7 +701,7 @@ constexpr int kBackwardThreads = 128;
 
 template <typename scalar_t, int VPL>
 constexpr int backward_min_blocks() {
-  return VPL >= 4 ? 1 : (VPL == 1 && sizeof(scalar_t) == 4 ? 5 : 4);
+  return VPL >= 4 ? 1 : PMA_BACKWARD_MIN_BLOCKS;
 }
 
 template <typename scalar_t, typename index_t, int V, int VPL>
@@ -1253,7 +1288,7 @@ void launch_gat_backward(GatParams<scalar_t, index_t> p, const scalar_t* out,
   const auto acc_options = options.dtype(c10::CppTypeToScalarType<acc_t>::value);
   at::Tensor storage, aux, delta, part_x, part_src;
   const auto rc = row_config<scalar_t>(p.H, p.D, aligned);
-  if (rc.ok) {
+  if (rc.ok && rc.S >= 2) {  // load_aux_half needs two lanes per head
     p.G = rc.G;
     p.S = rc.S;
     p.log2S = rc.log2S;
