@@ -564,6 +564,64 @@ def test_backward_matches_reference(case, dtype, index_dtype, with_csc, with_edg
     assert_grads_close(grads, ref, dtype, grad_names(inp))
 
 
+# Heads of 4 and 8 lanes (float32 D = 16 / 32, bf16/fp16 D = 32 / 64, where
+# 8-lane heads keep the per-lane layout), one and several heads per group,
+# long (sliced) CSC columns, partial steps and empty columns.
+LAYOUT_CASES = [
+    (60, 6, 800, 3, 16, False),
+    (50, 60, 600, 4, 32, False),
+    (40, 30, 310, 1, 32, False),
+    (8, 50, 400, 2, 64, True),
+    (64, 64, 90, 2, 32, False),
+]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dropout", [0.0, 0.5], ids=["p0", "p0.5"])
+@pytest.mark.parametrize("with_edge", [False, True], ids=["no_edge", "s_edge"])
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("case", LAYOUT_CASES,
+                         ids=[f"H{c[3]}D{c[4]}-E{c[2]}" for c in LAYOUT_CASES])
+def test_backward_both_layouts_cuda(case, dtype, index_dtype, with_edge, dropout, monkeypatch):
+    """The all-heads CUDA backward does an entry's softmax arithmetic either in
+    one lane of the head after a transposing butterfly (the default for heads
+    of 4 or 8 lanes) or in every lane (PYG_MULTIHEAD_AGG_TRANSPOSED_BACKWARD=0).
+    Both match the float64 reference, and grad_x, grad_s_dst and grad_s_edge
+    are bitwise equal between them (the same dot products, weights and sums;
+    only grad_s_src is summed in another order)."""
+    inp = make_inputs(case, dtype, index_dtype, "cuda", seed=LAYOUT_CASES.index(case) + 300,
+                      with_edge=with_edge, requires_grad=True)
+    gen = torch.Generator().manual_seed(12)
+    grad_out = torch.randn(case[0], case[3], case[4], generator=gen).to("cuda", dtype)
+    grad_lse = torch.randn(case[0], case[3], generator=gen).to("cuda", lse_dtype(dtype))
+    csc = pma.csr_to_csc(inp.rowptr, inp.col, case[1])
+    philox = PHILOX if dropout else None
+    ref = reference_grads(inp, grad_out, grad_lse, dropout=dropout, philox=philox)
+    names = grad_names(inp)
+    got = {}
+    for layout in ("0", "1"):
+        monkeypatch.setenv("PYG_MULTIHEAD_AGG_TRANSPOSED_BACKWARD", layout)
+        out, lse = run_op(inp, dropout=dropout, philox=philox, csc=csc)
+        poison((case[1], case[3], case[4]), dtype, "cuda")  # for grad_x
+        grads = torch.autograd.grad((out, lse), inp.floats(), (grad_out, grad_lse))
+        assert_grads_close(grads, ref, dtype, names)
+        got[layout] = dict(zip(names, grads, strict=True))
+    for name in names:
+        if name != "s_src":
+            assert torch.equal(got["0"][name], got["1"][name]), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_transposed_backward_flag_is_checked_cuda(monkeypatch):
+    monkeypatch.setenv("PYG_MULTIHEAD_AGG_TRANSPOSED_BACKWARD", "yes")
+    inp = make_inputs(LAYOUT_CASES[1], torch.float32, device="cuda", seed=9, requires_grad=True)
+    csc = pma.csr_to_csc(inp.rowptr, inp.col, LAYOUT_CASES[1][1])
+    out, lse = run_op(inp, csc=csc)
+    with pytest.raises(RuntimeError, match="PYG_MULTIHEAD_AGG_TRANSPOSED_BACKWARD"):
+        torch.autograd.grad(out.sum(), inp.floats())
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("through", ["out", "lse"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=dtype_id)

@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <string>
 #include <tuple>
 #include <type_traits>
 
@@ -465,58 +466,25 @@ __global__ void __launch_bounds__(kThreads, 1)
 // (SliceList) that any group takes, and a second kernel adds the slices'
 // partial sums in slice order.
 
-// CSC entries per step of the all-heads backward for one vector per lane
-// (kBackwardEntries / VPL for VPL vectors), and whether the next step's rows
-// are loaded ahead (int32 indices always; int64 ones cost 2 * U registers).
-#ifndef PMA_BACKWARD_ENTRIES
-#define PMA_BACKWARD_ENTRIES 8
-#endif
-#ifndef PMA_BACKWARD_PREFETCH64
-#define PMA_BACKWARD_PREFETCH64 0
-#endif
-#ifndef PMA_BACKWARD_MIN_BLOCKS
-#define PMA_BACKWARD_MIN_BLOCKS 4
-#endif
-constexpr int kBackwardEntries = PMA_BACKWARD_ENTRIES;
-
-// What the backward needs of destination row i, head h: 16 bytes (32 for
-// float64), loaded in halves (load_aux_half).
+// What the backward needs of destination row i, head h, in one 16-byte load
+// (two for float64).
 template <typename acc_t>
 struct alignas(4 * sizeof(acc_t)) RowAux {
   acc_t sd, lse, dl, pad;  // s_dst[i, h], lse[i, h], delta[i, h] - grad_lse[i, h]
 };
 
-// Half of an entry's RowAux: (sd, lse) for the even lanes q of a head,
-// (dl, pad) for the odd ones, as one predicated load (zeros when !pred; see
-// load_vec_if). A lane holds 2 registers per entry in flight instead of 4, so
-// a step can gather twice the entries; one xor-1 shuffle per field gives each
-// lane the other half (aux_fields). Needs S >= 2 lanes per head.
 template <typename acc_t>
-struct AuxHalf {
-  acc_t a, b;
-};
-
-template <typename acc_t>
-__device__ __forceinline__ AuxHalf<acc_t> load_aux_half(bool pred, const RowAux<acc_t>* p,
-                                                        int q) {
-  constexpr int kBytes = 2 * sizeof(acc_t);
-  const auto raw = RawLoad<kBytes>::load(
-      pred, reinterpret_cast<const char*>(p) + (q & 1) * kBytes);
-  AuxHalf<acc_t> h;
-  memcpy(&h, &raw, kBytes);
-  return h;
-}
-
-// (sd, lse, dl) of the entry from this lane's half and its xor-1 partner's
-// (called by every lane of the group).
-template <typename acc_t>
-__device__ __forceinline__ void aux_fields(const AuxHalf<acc_t>& h, int q, unsigned mask,
-                                           acc_t& sd, acc_t& lse, acc_t& dl) {
-  const acc_t oa = __shfl_xor_sync(mask, h.a, 1), ob = __shfl_xor_sync(mask, h.b, 1);
-  const bool first = (q & 1) == 0;
-  sd = first ? h.a : oa;
-  lse = first ? h.b : ob;
-  dl = first ? oa : h.a;
+__device__ __forceinline__ RowAux<acc_t> load_aux(bool pred, const RowAux<acc_t>* p) {
+  // Zeros when !pred, as one predicated load (see load_vec_if).
+  RowAux<acc_t> a;
+  if constexpr (sizeof(acc_t) == 4) {
+    *reinterpret_cast<uint4*>(&a) = RawLoad<16>::load(pred, p);
+  } else {
+    const auto* q = reinterpret_cast<const uint4*>(p);
+    reinterpret_cast<uint4*>(&a)[0] = RawLoad<16>::load(pred, q);
+    reinterpret_cast<uint4*>(&a)[1] = RawLoad<16>::load(pred, q + 1);
+  }
+  return a;
 }
 
 // <a, b> of one lane's vector, in element order; the S-lane butterfly follows
@@ -597,13 +565,10 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
                                              int64_t lo, int64_t hi, const RowLanes<V, VPL>& m,
                                              int lane, unsigned mask) {
   using acc_t = at::opmath_type<scalar_t>;
-  // Entries per step: kLoadsInFlight 16-byte grad_out gathers per lane, as in
-  // the forward, each with half an aux (load_aux_half): 6 registers per entry
-  // and vector in flight for float32 (session 5: 4 entries of 8 registers).
-  // Half as many for 2- and 8-byte types: an unpacked bf16/fp16 vector and a
-  // float64 one (with its 16-byte aux half) take twice the registers.
-  constexpr int kEntries = sizeof(scalar_t) == 4 ? kBackwardEntries : kBackwardEntries / 2;
-  constexpr int U = kEntries / VPL > 0 ? kEntries / VPL : 1;
+  // Entries per step: each brings two 16-byte loads per vector (grad_out and
+  // the packed aux), so half the forward's count keeps kLoadsInFlight loads
+  // in flight and the kernel within 128 registers (2 blocks per SM).
+  constexpr int U = kLoadsInFlight / 2 / VPL > 0 ? kLoadsInFlight / 2 / VPL : 1;
   const auto* aux = static_cast<const RowAux<acc_t>*>(p.aux);
   const int S = p.S, q = lane & (S - 1);
   Vec<scalar_t, V> xr[VPL];
@@ -617,39 +582,38 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
 #pragma unroll
     for (int v = 0; v < V; ++v) acc[k][v] = 0;
   }
-  // The entries' rows one step ahead (kBackwardPrefetch): a step's gathers
-  // wait only for indices loaded during the previous step's arithmetic. The
-  // edge ids (perm) are used last, by the grad_z store, and load with the
-  // step's gathers.
-  constexpr bool kBackwardPrefetch = sizeof(index_t) == 4 || PMA_BACKWARD_PREFETCH64;
-  auto load_rows = [&](int64_t k0, index_t(&ni)[U]) {
+  // With 32-bit indices, the entries' indices one step ahead: a step's
+  // gathers wait only for indices loaded during the previous step's
+  // arithmetic. (64-bit ones would take 16 more registers: 4 blocks instead
+  // of 5, which measured slower than no prefetch.)
+  constexpr bool kPrefetch = sizeof(index_t) == 4;
+  auto load_indices = [&](int64_t k0, index_t(&ni)[U], index_t(&ne)[U]) {
 #pragma unroll
-    for (int u = 0; u < U; ++u) ni[u] = load_index_if(k0 + u < hi, p.idx + k0 + u);
+    for (int u = 0; u < U; ++u) {
+      const bool inside = k0 + u < hi;
+      ni[u] = load_index_if(inside, p.idx + k0 + u);
+      ne[u] = load_index_if(inside, p.perm + k0 + u);
+    }
   };
-  index_t i[U];  // the index type: int32 graphs keep half the registers
-  if constexpr (kBackwardPrefetch) load_rows(lo, i);
+  index_t i[U], e[U];  // the index type: int32 graphs keep half the registers
+  if constexpr (kPrefetch) load_indices(lo, i, e);
   for (int64_t k0 = lo; k0 < hi; k0 += U) {
-    if constexpr (!kBackwardPrefetch) load_rows(k0, i);
-    index_t e[U];
+    if constexpr (!kPrefetch) load_indices(k0, i, e);
+    bool ok[U];
 #pragma unroll
-    for (int u = 0; u < U; ++u) e[u] = load_index_if(k0 + u < hi, p.perm + k0 + u);
-    bool ok_row[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) ok_row[u] = k0 + u < hi && in_range(i[u], p.num_gathered);
+    for (int u = 0; u < U; ++u)
+      ok[u] = k0 + u < hi && in_range(i[u], p.num_gathered) && in_range(e[u], p.num_edges);
     Vec<scalar_t, V> gv[U][VPL];
-    AuxHalf<acc_t> ax[U][VPL];
+    RowAux<acc_t> ax[U][VPL];
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int k = 0; k < VPL; ++k) {
-        const bool use = ok_row[u] && m.valid[k];
+        const bool use = ok[u] && m.valid[k];
         gv[u][k] = load_vec_if<scalar_t, V>(
             use, p.grad_out + static_cast<int64_t>(i[u]) * p.HD + m.feat[k]);
-        ax[u][k] = load_aux_half(use, aux + static_cast<int64_t>(i[u]) * p.H + m.head[k], q);
+        ax[u][k] = load_aux(use, aux + static_cast<int64_t>(i[u]) * p.H + m.head[k]);
       }
-    bool ok[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) ok[u] = ok_row[u] && in_range(e[u], p.num_edges);
     acc_t se[U][VPL];  // s_edge[e, h], added last as in the forward's z
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -660,36 +624,170 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
     unsigned keep[VPL];
     if (p.rng.threshold != 0)
       draw_keep_bits<U, VPL>(keep, p.rng, p.perm, k0, hi, q, p.log2S, m.head);
-    index_t ni[U];
-    if constexpr (kBackwardPrefetch) load_rows(k0 + U, ni);
+    index_t ni[U], ne[U];
+    if constexpr (kPrefetch) load_indices(k0 + U, ni, ne);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (k0 + u >= hi) break;  // group-uniform: no shuffles for a partial step's padding
 #pragma unroll
       for (int k = 0; k < VPL; ++k) {
         const acc_t dot = lanes_sum(vec_dot<scalar_t, V>(gv[u][k], xr[k]), S, mask);
-        acc_t sd, lse, dl;
-        aux_fields(ax[u][k], q, mask, sd, lse, dl);
         const acc_t mk =
             p.rng.threshold != 0 ? keep_scale(keep[k], u, S, p.log2S, mask, p.scale) : acc_t(1);
         if (!(ok[u] && m.valid[k])) continue;
-        acc_t z = ss[k] + sd;
+        acc_t z = ss[k] + ax[u][k].sd;
         z += se[u][k];
-        const acc_t alpha = exp_(leaky(z, p.negative_slope) - lse);
+        const acc_t alpha = exp_(leaky(z, p.negative_slope) - ax[u][k].lse);
         const acc_t w = alpha * mk;
 #pragma unroll
         for (int v = 0; v < V; ++v) acc[k][v] += w * static_cast<acc_t>(gv[u][k].val[v]);
-        const acc_t gz = alpha * (mk * dot - dl) * (z > acc_t(0) ? acc_t(1) : p.negative_slope);
+        const acc_t gz =
+            alpha * (mk * dot - ax[u][k].dl) * (z > acc_t(0) ? acc_t(1) : p.negative_slope);
         gsrc[k] += gz;
         if (q == 0) p.grad_z[static_cast<int64_t>(e[u]) * p.H + m.head[k]] = gz;
       }
     }
-    if constexpr (kBackwardPrefetch) {
+    if constexpr (kPrefetch) {
 #pragma unroll
-      for (int u = 0; u < U; ++u) i[u] = ni[u];
+      for (int u = 0; u < U; ++u) {
+        i[u] = ni[u];
+        e[u] = ne[u];
+      }
     }
   }
 }
+
+// The same pass for one vector per lane and kS = 4 or 8 lanes per head (the
+// common shapes: float32 heads of 16 or 32 channels, bf16/fp16 of 32 or 64),
+// with the per-entry scalar work done once instead of in all kS lanes of a
+// head. backward_row repeats the softmax arithmetic (exp, leaky_relu, the
+// logit gradient, the grad_z store) in every lane and runs one kS-lane
+// butterfly per entry; ncu measured 161 warp instructions per CSC entry there
+// (reddit-like, float32), issue-bound at 4 warps per scheduler. Here a step
+// of U = 8 entries reduces its 8 dot products with one transposing butterfly
+// (7 shuffles instead of 24 for kS = 8: at each level a lane keeps half the
+// entries and sends the other half), after which lane q of a head holds the
+// whole dot of entry q (and 4 + q when kS = 4). That lane alone loads the
+// entry's row, edge id and aux, computes alpha, the dropout mask and the
+// logit gradient and stores grad_z; the weights go back to the head's lanes
+// with one shuffle per entry. The pairs added are those of lanes_sum, so every
+// dot, alpha, grad_x and grad_z is bitwise the same as in backward_row;
+// grad_s_src is summed per lane and then over the head's lanes.
+template <int OFF, int kS, int U, typename acc_t>
+__device__ __forceinline__ void transpose_round(acc_t (&d)[U], int q, unsigned mask) {
+  // Within each block of kS slots, the live slots are the first 2 * OFF; the
+  // pairs (u, u + OFF) of the first OFF: the lane with bit OFF of q set keeps
+  // entry u + OFF and sends u, its partner the reverse; slot u then holds the
+  // pair's sum, and the first OFF slots of the block stay live.
+  const bool hi = (q & OFF) != 0;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (u % kS >= OFF) continue;  // compile-time
+    const acc_t send = hi ? d[u] : d[u + OFF];
+    const acc_t keep = hi ? d[u + OFF] : d[u];
+    d[u] = keep + __shfl_xor_sync(mask, send, OFF);
+  }
+}
+
+template <int kS, typename scalar_t, typename index_t, int V>
+__device__ __forceinline__ void backward_row_transposed(
+    at::opmath_type<scalar_t> (&acc)[1][V], at::opmath_type<scalar_t> (&gsrc)[1],
+    const GatParams<scalar_t, index_t>& p, int64_t j, int64_t lo, int64_t hi,
+    const RowLanes<V, 1>& m, int lane, unsigned mask) {
+  using acc_t = at::opmath_type<scalar_t>;
+  static_assert(kS == 4 || kS == 8, "4 or 8 lanes per head");
+  // Entries per step, and per lane and step: 8 (float32), kS otherwise (an
+  // unpacked half vector or a float64 one takes twice the registers).
+  constexpr int U = sizeof(scalar_t) == 4 ? 8 : kS, kSlots = U / kS;
+  const auto* aux = static_cast<const RowAux<acc_t>*>(p.aux);
+  const int q = lane & (kS - 1);
+  const int head_base = (threadIdx.x & 31) & ~(kS - 1);  // warp lane of the head's lane 0
+  const bool valid = m.valid[0];
+  const int h = m.head[0];
+  const Vec<scalar_t, V> xr = valid ? load_vec<scalar_t, V>(p.x + j * p.HD + m.feat[0])
+                                    : zero_vec<scalar_t, V>();
+  const acc_t ss = valid ? load_value(p.s_src + j * p.H + h) : acc_t(0);
+  acc_t g = 0;
+#pragma unroll
+  for (int v = 0; v < V; ++v) acc[0][v] = 0;
+  // Every index a step needs, one step ahead with 32-bit indices: the rows
+  // of all U entries (for the gathers, in every lane) and this lane's own
+  // entries' row and edge id (for its aux and grad_z).
+  struct StepIdx {
+    index_t i[U], iq[kSlots], eq[kSlots];
+  };
+  auto load_idx = [&](int64_t k0, StepIdx& n) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) n.i[u] = load_index_if(k0 + u < hi, p.idx + k0 + u);
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      const int64_t k = k0 + s * kS + q;
+      n.iq[s] = load_index_if(k < hi, p.idx + k);
+      n.eq[s] = load_index_if(k < hi, p.perm + k);
+    }
+  };
+  constexpr bool kPrefetch = sizeof(index_t) == 4;
+  StepIdx cur;
+  if constexpr (kPrefetch) load_idx(lo, cur);
+  for (int64_t k0 = lo; k0 < hi; k0 += U) {
+    if constexpr (!kPrefetch) load_idx(k0, cur);
+    Vec<scalar_t, V> gv[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      gv[u] = load_vec_if<scalar_t, V>(
+          valid && k0 + u < hi && in_range(cur.i[u], p.num_gathered),
+          p.grad_out + static_cast<int64_t>(cur.i[u]) * p.HD + m.feat[0]);
+    bool ok[kSlots];
+    RowAux<acc_t> ax[kSlots];
+    acc_t se[kSlots];
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      ok[s] = valid && k0 + s * kS + q < hi && in_range(cur.iq[s], p.num_gathered) &&
+              in_range(cur.eq[s], p.num_edges);
+      ax[s] = load_aux(ok[s], aux + static_cast<int64_t>(cur.iq[s]) * p.H + h);
+      se[s] = load_value_if(ok[s] && p.s_edge != nullptr,
+                            p.s_edge + static_cast<int64_t>(cur.eq[s]) * p.H + h);
+    }
+    StepIdx next;
+    if constexpr (kPrefetch) load_idx(k0 + U, next);
+    acc_t d[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) d[u] = vec_dot<scalar_t, V>(gv[u], xr);
+    if constexpr (kS == 8) transpose_round<4, kS>(d, q, mask);
+    transpose_round<2, kS>(d, q, mask);
+    transpose_round<1, kS>(d, q, mask);
+    // Slot s * kS now holds the whole dot of this lane's entry s * kS + q.
+    acc_t w[kSlots];
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      acc_t mk = 1;
+      if (p.rng.threshold != 0)  // group-uniform
+        mk = ok[s] && p.rng.keep(static_cast<int64_t>(cur.eq[s]), h) ? p.scale : acc_t(0);
+      acc_t z = ss + ax[s].sd;
+      z += se[s];
+      const acc_t alpha = exp_(leaky(z, p.negative_slope) - ax[s].lse);
+      w[s] = ok[s] ? alpha * mk : acc_t(0);
+      const acc_t gz = alpha * (mk * d[s * kS] - ax[s].dl) *
+                       (z > acc_t(0) ? acc_t(1) : p.negative_slope);
+      if (ok[s]) {
+        g += gz;
+        p.grad_z[static_cast<int64_t>(cur.eq[s]) * p.H + h] = gz;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const acc_t wu = __shfl_sync(mask, w[u / kS], head_base + (u % kS));
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[0][v] += wu * static_cast<acc_t>(gv[u].val[v]);
+    }
+    if constexpr (kPrefetch) cur = next;
+  }
+  gsrc[0] = lanes_sum(g, kS, mask);
+}
+
+#ifndef PMA_TRANSPOSED_MIN_BLOCKS
+#define PMA_TRANSPOSED_MIN_BLOCKS 4
+#endif
 
 // Blocks of 128 threads: the kernel has no block-wide step (slices replace
 // block-wide long rows), so registers, not the block size, set the warps per
@@ -699,22 +797,34 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
 // registers (4 blocks) or, with 4 vectors per lane, one block's worth.
 constexpr int kBackwardThreads = 128;
 
-template <typename scalar_t, int VPL>
+template <typename scalar_t, int VPL, int kS>
 constexpr int backward_min_blocks() {
-  return VPL >= 4 ? 1 : PMA_BACKWARD_MIN_BLOCKS;
+  if (kS != 0) return PMA_TRANSPOSED_MIN_BLOCKS;
+  return VPL >= 4 ? 1 : (VPL == 1 && sizeof(scalar_t) == 4 ? 5 : 4);
 }
 
-template <typename scalar_t, typename index_t, int V, int VPL>
-__global__ void __launch_bounds__(kBackwardThreads, backward_min_blocks<scalar_t, VPL>())
+// kS = 4 or 8: backward_row_transposed for heads of kS lanes (VPL = 1); kS =
+// 0: backward_row.
+template <typename scalar_t, typename index_t, int V, int VPL, int kS>
+__global__ void __launch_bounds__(kBackwardThreads, backward_min_blocks<scalar_t, VPL, kS>())
     gat_backward_rows_kernel(const GatParams<scalar_t, index_t> p, const SliceList sl) {
   using acc_t = at::opmath_type<scalar_t>;
   const int G = p.G, lane = threadIdx.x & (G - 1);
   const unsigned mask = group_mask(G);
   const RowLanes<V, VPL> m(lane, G, p.log2S, p.H);
   const bool leader = (lane & (p.S - 1)) == 0;
+  // One pass over the entries [lo, hi) of column j.
+  auto pass = [&](acc_t(&acc)[VPL][V], acc_t(&gsrc)[VPL], int64_t j, int64_t lo, int64_t hi) {
+    if constexpr (kS != 0) {
+      static_assert(VPL == 1, "one vector per lane");
+      backward_row_transposed<kS>(acc, gsrc, p, j, lo, hi, m, lane, mask);
+    } else {
+      backward_row(acc, gsrc, p, j, lo, hi, m, lane, mask);
+    }
+  };
   auto slice = [&](int64_t slot, int64_t j, int64_t lo, int64_t hi) {
     acc_t acc[VPL][V], gsrc[VPL];
-    backward_row(acc, gsrc, p, j, lo, hi, m, lane, mask);
+    pass(acc, gsrc, j, lo, hi);
 #pragma unroll
     for (int k = 0; k < VPL; ++k) {
       if (!m.valid[k]) continue;
@@ -724,7 +834,7 @@ __global__ void __launch_bounds__(kBackwardThreads, backward_min_blocks<scalar_t
   };
   auto row = [&](int64_t j, int64_t lo, int64_t hi) {
     acc_t acc[VPL][V], gsrc[VPL];
-    backward_row(acc, gsrc, p, j, lo, hi, m, lane, mask);
+    pass(acc, gsrc, j, lo, hi);
 #pragma unroll
     for (int k = 0; k < VPL; ++k) {
       if (!m.valid[k]) continue;
@@ -1236,6 +1346,17 @@ int64_t onepass_min() {
   return std::numeric_limits<int64_t>::max();
 }
 
+// The all-heads backward takes backward_row_transposed for heads of 4 or 8
+// lanes and one vector per lane unless PYG_MULTIHEAD_AGG_TRANSPOSED_BACKWARD
+// is 0 (for benchmarks and tests of both paths).
+bool transposed_backward() {
+  const char* env = std::getenv("PYG_MULTIHEAD_AGG_TRANSPOSED_BACKWARD");
+  if (env == nullptr || *env == '\0') return true;
+  TORCH_CHECK(std::string(env) == "0" || std::string(env) == "1",
+              "PYG_MULTIHEAD_AGG_TRANSPOSED_BACKWARD must be 0 or 1, got '", env, "'");
+  return std::string(env) == "1";
+}
+
 template <typename scalar_t, typename index_t>
 void launch_gat_forward(GatParams<scalar_t, index_t> p, const at::TensorOptions& options) {
   constexpr int kVec = vec_width<scalar_t>();
@@ -1288,7 +1409,7 @@ void launch_gat_backward(GatParams<scalar_t, index_t> p, const scalar_t* out,
   const auto acc_options = options.dtype(c10::CppTypeToScalarType<acc_t>::value);
   at::Tensor storage, aux, delta, part_x, part_src;
   const auto rc = row_config<scalar_t>(p.H, p.D, aligned);
-  if (rc.ok && rc.S >= 2) {  // load_aux_half needs two lanes per head
+  if (rc.ok) {
     p.G = rc.G;
     p.S = rc.S;
     p.log2S = rc.log2S;
@@ -1309,10 +1430,21 @@ void launch_gat_backward(GatParams<scalar_t, index_t> p, const scalar_t* out,
       gat_aux_kernel<scalar_t, index_t, kVec, kVPL><<<aux_blocks, kThreads, 0, stream>>>(
           p, out, static_cast<RowAux<acc_t>*>(aux.data_ptr()));
       C10_CUDA_KERNEL_LAUNCH_CHECK();
-      auto kernel = gat_backward_rows_kernel<scalar_t, index_t, kVec, kVPL>;
-      kernel<<<persistent_grid(kernel, p.num_rows, p.G, 0, kBackwardThreads), kBackwardThreads, 0,
-               stream>>>(p, sl);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      auto run = [&](auto kernel) {
+        kernel<<<persistent_grid(kernel, p.num_rows, p.G, 0, kBackwardThreads), kBackwardThreads,
+                 0, stream>>>(p, sl);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      };
+      const bool transposed = kVPL == 1 && transposed_backward();
+      // (kS = 8 only for float32: 2- and 8-byte types spill there.)
+      constexpr bool kWide = sizeof(scalar_t) == 4;
+      if (transposed && kWide && p.S == 8) {
+        run(gat_backward_rows_kernel<scalar_t, index_t, kVec, kVPL, kVPL == 1 && kWide ? 8 : 0>);
+      } else if (transposed && p.S == 4) {
+        run(gat_backward_rows_kernel<scalar_t, index_t, kVec, kVPL, kVPL == 1 ? 4 : 0>);
+      } else {
+        run(gat_backward_rows_kernel<scalar_t, index_t, kVec, kVPL, 0>);
+      }
     });
     // grad_x[j] and grad_s_src[j] of every sliced column j: its slices' sum
     launch_sum_slices(p.ptr, p.num_edges, sl, p.part_x, p.out, p.HD, p.part_src,
