@@ -84,6 +84,16 @@ GAT=(
   "$G::test_backward_matches_reference[8x50-E400-H8-D64-hub-float32-int32-no_csc-s_edge-p0.5-cuda]"
   "$G::test_backward_matches_reference[60x6-E800-H3-D16-float32-int32-no_csc-s_edge-p0.5-cuda]"
 )
+# The transposed dot-product kernels (heads of 8 and 4 lanes: float32 D = 32,
+# bf16 D = 32, float32 D = 16) against the per-lane ones, hub included.
+TRANSPOSED=(
+  "$K::test_dot_products_both_layouts[3-32-dtype2]"
+  "$K::test_dot_products_both_layouts[3-32-dtype1]"
+  "$K::test_dot_products_both_layouts[4-16-dtype2]"
+  "$G::test_backward_both_layouts_cuda[H4D32-E600-float32-int32-s_edge-p0.5]"
+  "$G::test_backward_both_layouts_cuda[H2D64-E400-bfloat16-int64-s_edge-p0.5]"
+  "$G::test_backward_both_layouts_cuda[H3D16-E800-float32-int64-no_edge-p0]"
+)
 # The device=cuda cases of the malformed-input catalogue and the properties
 # (with HYPOTHESIS_PROFILE=sanitize: a few examples each); `-k cuda` keeps
 # every test_cuda_kernels.py test too, through its module name.
@@ -100,12 +110,13 @@ OURS=(--kernel-name kns=pyg_multihead_agg)
 
 selection() {
   case "$1" in
-    memcheck) echo "${SMALL[@]}" "${NARROW[@]}" "${HUB[@]}" "${GAT[@]}" "${MALFORMED[@]}";;
+    memcheck) echo "${SMALL[@]}" "${NARROW[@]}" "${HUB[@]}" "${GAT[@]}" "${TRANSPOSED[@]}" \
+      "${MALFORMED[@]}";;
     memcheck_large) echo "tests/test_large_index.py::test_many_source_rows[4-64-index_dtype0]";;
     racecheck) echo "${HUB[@]}" "${SMALL[0]}" "${SMALL[2]}" "${GAT[@]:1:2}" "${GAT[@]:4:2}";;
     initcheck) echo "${SMALL[@]:0:3}" "${NARROW[0]}" "${HUB[0]}" \
-      "$K::test_malformed_graphs_do_not_fault" "${GAT[@]}";;
-    synccheck) echo "${SMALL[@]:0:3}" "${NARROW[0]}" "${HUB[@]}" "${GAT[@]}";;
+      "$K::test_malformed_graphs_do_not_fault" "${GAT[@]}" "${TRANSPOSED[@]}";;
+    synccheck) echo "${SMALL[@]:0:3}" "${NARROW[0]}" "${HUB[@]}" "${GAT[@]}" "${TRANSPOSED[@]}";;
   esac
 }
 

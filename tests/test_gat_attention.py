@@ -586,7 +586,7 @@ LAYOUT_CASES = [
 def test_backward_both_layouts_cuda(case, dtype, index_dtype, with_edge, dropout, monkeypatch):
     """The all-heads CUDA backward does an entry's softmax arithmetic either in
     one lane of the head after a transposing butterfly (the default for heads
-    of 4 or 8 lanes) or in every lane (PYG_MULTIHEAD_AGG_TRANSPOSED_BACKWARD=0).
+    of 4 or 8 lanes) or in every lane (PYG_MULTIHEAD_AGG_TRANSPOSED_DOTS=0).
     Both match the float64 reference, and grad_x, grad_s_dst and grad_s_edge
     are bitwise equal between them (the same dot products, weights and sums;
     only grad_s_src is summed in another order)."""
@@ -601,7 +601,7 @@ def test_backward_both_layouts_cuda(case, dtype, index_dtype, with_edge, dropout
     names = grad_names(inp)
     got = {}
     for layout in ("0", "1"):
-        monkeypatch.setenv("PYG_MULTIHEAD_AGG_TRANSPOSED_BACKWARD", layout)
+        monkeypatch.setenv("PYG_MULTIHEAD_AGG_TRANSPOSED_DOTS", layout)
         out, lse = run_op(inp, dropout=dropout, philox=philox, csc=csc)
         poison((case[1], case[3], case[4]), dtype, "cuda")  # for grad_x
         grads = torch.autograd.grad((out, lse), inp.floats(), (grad_out, grad_lse))
@@ -614,11 +614,11 @@ def test_backward_both_layouts_cuda(case, dtype, index_dtype, with_edge, dropout
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_transposed_backward_flag_is_checked_cuda(monkeypatch):
-    monkeypatch.setenv("PYG_MULTIHEAD_AGG_TRANSPOSED_BACKWARD", "yes")
+    monkeypatch.setenv("PYG_MULTIHEAD_AGG_TRANSPOSED_DOTS", "yes")
     inp = make_inputs(LAYOUT_CASES[1], torch.float32, device="cuda", seed=9, requires_grad=True)
     csc = pma.csr_to_csc(inp.rowptr, inp.col, LAYOUT_CASES[1][1])
     out, lse = run_op(inp, csc=csc)
-    with pytest.raises(RuntimeError, match="PYG_MULTIHEAD_AGG_TRANSPOSED_BACKWARD"):
+    with pytest.raises(RuntimeError, match="PYG_MULTIHEAD_AGG_TRANSPOSED_DOTS"):
         torch.autograd.grad(out.sum(), inp.floats())
 
 

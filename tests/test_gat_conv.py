@@ -4,6 +4,7 @@ The reference is PyG's own GATConv in float64 on a plain edge_index, with the
 same (loaded) weights; each adjacency type of the fused layer must match it in
 outputs, attention weights and gradients, and the fused operator must have run.
 """
+import copy
 from typing import NamedTuple, Optional
 
 import pytest
@@ -15,7 +16,10 @@ from torch_geometric.index import index2ptr
 from torch_geometric.typing import WITH_TORCH_SPARSE, SparseTensor
 from torch_geometric.utils import coalesce
 
+from pyg_multihead_agg import csr_to_csc
+from pyg_multihead_agg.adj import compact_indices
 from pyg_multihead_agg.nn import GATConv
+from pyg_multihead_agg.nn import gat_conv as gat_conv_module
 
 KINDS = [
     "edge_index",
@@ -183,6 +187,41 @@ def test_int32_indices(kind):
     ref_out, ref_grads = run(ref.double(), case, "edge_index", edge_index, x_src, x_dst, None)
     assert rel_error(out, ref_out) <= 1e-12
     assert rel_error(grads["x_src"], ref_grads["x_src"]) <= 1e-12
+
+
+def test_compact_indices_keeps_cpu_and_int32_graphs():
+    rowptr, col = torch.tensor([0, 2, 3]), torch.tensor([1, 0, 1])
+    csc = csr_to_csc(rowptr, col, 2)
+    assert compact_indices(rowptr, col, csc, 2) == (rowptr, col, csc)  # CPU: unchanged
+    r32, c32 = rowptr.int(), col.int()
+    assert compact_indices(r32, c32, None, 2) == (r32, c32, None)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind", FUSED_KINDS)
+def test_int64_graph_cached_as_int32_on_cuda(kind, monkeypatch):
+    """On CUDA the layer caches an int64 adjacency's CSR and CSC in int32 (the
+    kernels' faster path); outputs and gradients are those of the int64
+    indices, bit for bit."""
+    case = CASES[0]
+    edge_index, x_src, x_dst, _ = make_graph(case, 31)
+    _, layer = make_layers(case, 31)
+    results = {}
+    for compact in (True, False):
+        if not compact:
+            monkeypatch.setattr(gat_conv_module, "compact_indices",
+                                lambda rowptr, col, csc, num_src: (rowptr, col, csc))
+        ours = copy.deepcopy(layer).cuda()
+        adj = make_adj(kind, edge_index.cuda(), case.num_src, case.num_dst)
+        results[compact] = run(ours, case, kind, adj, x_src.float().cuda(),
+                               x_dst.float().cuda(), None)
+        rowptr, col, (colptr, row, perm) = ours._csc_cache._value
+        expected = torch.int32 if compact else torch.int64
+        assert {t.dtype for t in (rowptr, col, colptr, row, perm)} == {expected}
+    (out32, grads32), (out64, grads64) = results[True], results[False]
+    assert torch.equal(out32, out64)
+    for name, grad in grads64.items():
+        assert torch.equal(grads32[name], grad), name
 
 
 @pytest.mark.parametrize("kind", FUSED_KINDS)

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 namespace pyg_multihead_agg {
 namespace {
@@ -160,6 +161,45 @@ __device__ __forceinline__ index_t load_index_if(bool pred, const index_t* p) {
   index_t v;
   memcpy(&v, &raw, sizeof(index_t));
   return v;
+}
+
+// The transposing butterfly of the per-entry dot products (gat_attention.cu's
+// backward_row_transposed, multihead_spmm.cu's dot_entries_transposed): d[u]
+// holds this lane's partial dot of entry u, and a head spans kS lanes (q = the
+// lane's index within them). Round OFF (kS / 2, ..., 1), within each block of
+// kS slots: the first 2 * OFF slots are live, and the pairs (u, u + OFF) of
+// the first OFF are reduced, the lane with bit OFF of q set keeping entry
+// u + OFF (and sending u), its partner the reverse; slot u then holds the
+// pair's sum. After all rounds slot b * kS holds the whole dot of entry
+// b * kS + q: 7 shuffles for 8 entries over 8 lanes instead of 24 for 8
+// butterflies, each lane left with its own entries. Each sum adds the same
+// pairs as a butterfly xor-ing OFF = kS / 2, ..., 1, so the dots are bitwise
+// those of one.
+template <int OFF, int kS, int U, typename acc_t>
+__device__ __forceinline__ void transpose_round(acc_t (&d)[U], int q, unsigned mask) {
+  // Within each block of kS slots, the live slots are the first 2 * OFF; the
+  // pairs (u, u + OFF) of the first OFF: the lane with bit OFF of q set keeps
+  // entry u + OFF and sends u, its partner the reverse; slot u then holds the
+  // pair's sum, and the first OFF slots of the block stay live.
+  const bool hi = (q & OFF) != 0;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (u % kS >= OFF) continue;  // compile-time
+    const acc_t send = hi ? d[u] : d[u + OFF];
+    const acc_t keep = hi ? d[u + OFF] : d[u];
+    d[u] = keep + __shfl_xor_sync(mask, send, OFF);
+  }
+}
+
+// Whether the dot-product kernels with heads of 4 or 8 lanes take their
+// transposed variants (the default) or the per-lane butterflies:
+// PYG_MULTIHEAD_AGG_TRANSPOSED_DOTS=0 / 1, for benchmarks and tests of both.
+inline bool transposed_dots() {
+  const char* env = std::getenv("PYG_MULTIHEAD_AGG_TRANSPOSED_DOTS");
+  if (env == nullptr || *env == '\0') return true;
+  TORCH_CHECK((env[0] == '0' || env[0] == '1') && env[1] == '\0',
+              "PYG_MULTIHEAD_AGG_TRANSPOSED_DOTS must be 0 or 1, got '", env, "'");
+  return env[0] == '1';
 }
 
 template <typename scalar_t, int V, typename acc_t>

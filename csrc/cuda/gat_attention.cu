@@ -673,21 +673,6 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
 // with one shuffle per entry. The pairs added are those of lanes_sum, so every
 // dot, alpha, grad_x and grad_z is bitwise the same as in backward_row;
 // grad_s_src is summed per lane and then over the head's lanes.
-template <int OFF, int kS, int U, typename acc_t>
-__device__ __forceinline__ void transpose_round(acc_t (&d)[U], int q, unsigned mask) {
-  // Within each block of kS slots, the live slots are the first 2 * OFF; the
-  // pairs (u, u + OFF) of the first OFF: the lane with bit OFF of q set keeps
-  // entry u + OFF and sends u, its partner the reverse; slot u then holds the
-  // pair's sum, and the first OFF slots of the block stay live.
-  const bool hi = (q & OFF) != 0;
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    if (u % kS >= OFF) continue;  // compile-time
-    const acc_t send = hi ? d[u] : d[u + OFF];
-    const acc_t keep = hi ? d[u + OFF] : d[u];
-    d[u] = keep + __shfl_xor_sync(mask, send, OFF);
-  }
-}
 
 template <int kS, typename scalar_t, typename index_t, int V>
 __device__ __forceinline__ void backward_row_transposed(
@@ -1346,16 +1331,6 @@ int64_t onepass_min() {
   return std::numeric_limits<int64_t>::max();
 }
 
-// The all-heads backward takes backward_row_transposed for heads of 4 or 8
-// lanes and one vector per lane unless PYG_MULTIHEAD_AGG_TRANSPOSED_BACKWARD
-// is 0 (for benchmarks and tests of both paths).
-bool transposed_backward() {
-  const char* env = std::getenv("PYG_MULTIHEAD_AGG_TRANSPOSED_BACKWARD");
-  if (env == nullptr || *env == '\0') return true;
-  TORCH_CHECK(std::string(env) == "0" || std::string(env) == "1",
-              "PYG_MULTIHEAD_AGG_TRANSPOSED_BACKWARD must be 0 or 1, got '", env, "'");
-  return std::string(env) == "1";
-}
 
 template <typename scalar_t, typename index_t>
 void launch_gat_forward(GatParams<scalar_t, index_t> p, const at::TensorOptions& options) {
@@ -1435,7 +1410,7 @@ void launch_gat_backward(GatParams<scalar_t, index_t> p, const scalar_t* out,
                  0, stream>>>(p, sl);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       };
-      const bool transposed = kVPL == 1 && transposed_backward();
+      const bool transposed = kVPL == 1 && transposed_dots();
       // (kS = 8 only for float32: 2- and 8-byte types spill there.)
       constexpr bool kWide = sizeof(scalar_t) == 4;
       if (transposed && kWide && p.S == 8) {

@@ -313,6 +313,99 @@ __device__ __forceinline__ void dot_entries(at::opmath_type<scalar_t> (&acc)[VPL
   for (int64_t e = lo; e < hi; e += U) dot_step<U>(acc, rv, e, hi, p, m, last, mask, leader);
 }
 
+// dot_entries for one vector per lane and heads of kS = 4 or 8 lanes, with
+// the per-entry scalar work done once instead of in all kS lanes of a head:
+// a step of U entries reduces its U dot products with one transposing
+// butterfly (transpose_round), after which lane q of a head holds the whole
+// dot of entry q (and q + 4 when U = 2 kS) and alone loads that entry's edge
+// id and weight and stores its dot; the weights go back to the head's lanes
+// with one shuffle per entry. Same sums, so dot_out and acc_out are bitwise
+// those of dot_entries. (An entry whose edge id is out of range adds
+// 0 * gathered row instead of nothing: only a malformed perm has one.)
+template <int kS, typename scalar_t, typename index_t, int V>
+__device__ __forceinline__ void dot_entries_transposed(at::opmath_type<scalar_t> (&acc)[1][V],
+                                                       int64_t r, int64_t lo, int64_t hi,
+                                                       const DotParams<scalar_t, index_t>& p,
+                                                       const LaneMap<1>& m, int lane) {
+  using acc_t = at::opmath_type<scalar_t>;
+  static_assert(kS == 4 || kS == 8, "4 or 8 lanes per head");
+  // Entries per step, and per lane and step: 8 for float32, kS otherwise.
+  constexpr int U = sizeof(scalar_t) == 4 ? 8 : kS, kSlots = U / kS;
+  const bool with_weight = p.weight != nullptr;
+  const unsigned mask = group_mask(p.G);
+  const int q = lane & (kS - 1);
+  const int head_base = (threadIdx.x & 31) & ~(kS - 1);  // warp lane of the head's lane 0
+  const bool valid = m.valid[0];
+  const int h = m.head[0];
+  const Vec<scalar_t, V> rv = valid ? load_vec<scalar_t, V>(p.rowval + r * p.HD + m.feat[0])
+                                    : zero_vec<scalar_t, V>();
+#pragma unroll
+  for (int v = 0; v < V; ++v) acc[0][v] = 0;
+  // A step's indices, one step ahead with 32-bit ones: the gathered rows of
+  // all U entries (every lane) and this lane's own entries' row and edge id.
+  struct StepIdx {
+    index_t i[U], iq[kSlots], eq[kSlots];
+  };
+  auto load_idx = [&](int64_t k0, StepIdx& n) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) n.i[u] = load_index_if(k0 + u < hi, p.idx + k0 + u);
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      const int64_t k = k0 + s * kS + q;
+      n.iq[s] = load_index_if(k < hi, p.idx + k);
+      const index_t pe = load_index_if(k < hi && p.perm != nullptr, p.perm + k);  // no branch
+      n.eq[s] = p.perm != nullptr ? pe : static_cast<index_t>(k);
+    }
+  };
+  constexpr bool kPrefetch = sizeof(index_t) == 4;
+  StepIdx cur;
+  if constexpr (kPrefetch) load_idx(lo, cur);
+  for (int64_t k0 = lo; k0 < hi; k0 += U) {
+    if constexpr (!kPrefetch) load_idx(k0, cur);
+    Vec<scalar_t, V> gv[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      gv[u] = load_vec_if<scalar_t, V>(
+          valid && k0 + u < hi && in_range(cur.i[u], p.num_gathered),
+          p.gathered + static_cast<int64_t>(cur.i[u]) * p.HD + m.feat[0]);
+    bool ok[kSlots];
+    acc_t wq[kSlots];
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      ok[s] = valid && k0 + s * kS + q < hi && in_range(cur.iq[s], p.num_gathered) &&
+              in_range(cur.eq[s], p.num_edges);
+      wq[s] = load_value_if(ok[s] && with_weight,
+                            p.weight + static_cast<int64_t>(cur.eq[s]) * p.H + h);
+    }
+    StepIdx next;
+    if constexpr (kPrefetch) load_idx(k0 + U, next);
+    acc_t d[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      d[u] = 0;
+#pragma unroll
+      for (int v = 0; v < V; ++v)
+        d[u] += static_cast<acc_t>(gv[u].val[v]) * static_cast<acc_t>(rv.val[v]);
+    }
+    if constexpr (kS == 8) transpose_round<4, kS>(d, q, mask);
+    transpose_round<2, kS>(d, q, mask);
+    transpose_round<1, kS>(d, q, mask);
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s)
+      if (ok[s])
+        p.dot_out[static_cast<int64_t>(cur.eq[s]) * p.H + h] = static_cast<scalar_t>(d[s * kS]);
+    if (with_weight) {  // uniform
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const acc_t wu = __shfl_sync(mask, wq[u / kS], head_base + (u % kS));
+#pragma unroll
+        for (int v = 0; v < V; ++v) acc[0][v] += wu * static_cast<acc_t>(gv[u].val[v]);
+      }
+    }
+    if constexpr (kPrefetch) cur = next;
+  }
+}
+
 // Blocks of 128 threads and no block-wide step: long rows are cut into
 // slices (SliceList) that any group takes, each writing its partial acc_out
 // row to a scratch slot, summed in slice order by sum_slices_kernel. (The
@@ -320,8 +413,11 @@ __device__ __forceinline__ void dot_entries(at::opmath_type<scalar_t> (&acc)[VPL
 // 1.57x the average.) Registers then set the warps per multiprocessor.
 constexpr int kDotThreads = 128;
 
-template <typename scalar_t, int VPL>
+template <typename scalar_t, int VPL, int kS>
 constexpr int dot_min_blocks() {
+  // The transposed variants: float32 at 96 registers as below (32 bytes of
+  // spill), the others at 128 (none).
+  if (kS != 0) return sizeof(scalar_t) == 4 ? 5 : 4;
   // float32, one vector per lane: 96 registers, 5 blocks = 20 warps; half
   // types with two vectors per lane would spill ~140 bytes under 128
   // registers, so they get 3 blocks (12 warps; the 256-thread kernel had 8).
@@ -330,8 +426,10 @@ constexpr int dot_min_blocks() {
   return VPL == 1 && sizeof(scalar_t) == 4 ? 5 : 4;
 }
 
-template <typename scalar_t, typename index_t, int V, int VPL>
-__global__ void __launch_bounds__(kDotThreads, dot_min_blocks<scalar_t, VPL>())
+// kS = 4 or 8: dot_entries_transposed (one vector per lane, one chunk);
+// kS = 0: dot_entries.
+template <typename scalar_t, typename index_t, int V, int VPL, int kS>
+__global__ void __launch_bounds__(kDotThreads, dot_min_blocks<scalar_t, VPL, kS>())
     dot_gather_kernel(const DotParams<scalar_t, index_t> p, const SliceList sl) {
   using acc_t = at::opmath_type<scalar_t>;
   const int G = p.G, lane = threadIdx.x & (G - 1);
@@ -341,7 +439,12 @@ __global__ void __launch_bounds__(kDotThreads, dot_min_blocks<scalar_t, VPL>())
     for (int chunk = 0; chunk < p.num_chunks; ++chunk) {
       const auto m = lane_map<V, VPL>(chunk, lane, G, p.D, p.HD);
       acc_t acc[VPL][V];
-      dot_entries(acc, r, lo, hi, p, m, lane);
+      if constexpr (kS != 0) {
+        static_assert(VPL == 1, "one vector per lane");
+        dot_entries_transposed<kS>(acc, r, lo, hi, p, m, lane);
+      } else {
+        dot_entries(acc, r, lo, hi, p, m, lane);
+      }
       if (!with_weight) continue;
 #pragma unroll
       for (int k = 0; k < VPL; ++k) {
@@ -501,11 +604,22 @@ bool try_launch_dot_gather(DotParams<scalar_t, index_t> p, const at::TensorOptio
     p.part = part.data_ptr<acc_t>();
   }
   auto stream = c10::cuda::getCurrentCUDAStream();
+  const bool transposed = c.num_chunks == 1 && transposed_dots();
   VPL_SWITCH(c.vpl, kVPL, [&] {
-    auto kernel = dot_gather_kernel<scalar_t, index_t, kVec, kVPL>;
-    kernel<<<persistent_grid(kernel, p.num_rows, p.G, 0, kDotThreads), kDotThreads, 0, stream>>>(
-        p, sl);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    auto run = [&](auto kernel) {
+      kernel<<<persistent_grid(kernel, p.num_rows, p.G, 0, kDotThreads), kDotThreads, 0,
+               stream>>>(p, sl);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    };
+    // kS = 8 only for float32 (as in the fused backward).
+    constexpr bool kOne = kVPL == 1, kWide = kOne && sizeof(scalar_t) == 4;
+    if (transposed && kWide && p.S == 8) {
+      run(dot_gather_kernel<scalar_t, index_t, kVec, kVPL, kWide ? 8 : 0>);
+    } else if (transposed && kOne && p.S == 4) {
+      run(dot_gather_kernel<scalar_t, index_t, kVec, kVPL, kOne ? 4 : 0>);
+    } else {
+      run(dot_gather_kernel<scalar_t, index_t, kVec, kVPL, 0>);
+    }
   });
   if (with_weight)
     launch_sum_slices<scalar_t, index_t, acc_t>(p.ptr, p.num_edges, sl, p.part, p.acc_out, p.HD,

@@ -21,6 +21,7 @@ from torch_geometric.utils.sparse import set_sparse_value
 from .. import ops
 from ..adj import (
     GraphCache,
+    compact_indices,
     csr_csc_from_edge_index,
     csr_csc_from_sparse_tensor,
     csr_csc_from_torch_csr,
@@ -490,6 +491,7 @@ class GATConv(PyGGATConv):
                 cached = csr_csc_from_sparse_tensor(edge_index)
             else:
                 cached = csr_csc_from_edge_index(edge_index, *sizes)
+            cached = compact_indices(*cached, num_src)
             if not is_compiling():
                 self._csc_cache.put(edge_index, sizes, cached)
         return cached
@@ -524,11 +526,13 @@ def _sparse_self_loops(cache: GraphCache, adj_t, num_nodes: int):
 
 @torch.compiler.disable
 def _torch_csr_with_csc(cache: GraphCache, adj_t: Tensor, need_csc: bool):
-    rowptr, col = adj_t.crow_indices(), adj_t.col_indices()
-    if not need_csc:
-        return rowptr, col, None
-    csc = cache.get(adj_t, None)
-    if csc is None:
-        csc = csr_csc_from_torch_csr(adj_t)[2]
-        cache.put(adj_t, None, csc)
-    return rowptr, col, csc
+    # Once a backward has needed the CSC, the CSR and CSC are cached together
+    # (compacted to int32 where they fit); before that, the forward reads the
+    # tensor's own indices.
+    cached = cache.get(adj_t, None)
+    if cached is None and need_csc:
+        cached = compact_indices(*csr_csc_from_torch_csr(adj_t), adj_t.size(1))
+        cache.put(adj_t, None, cached)
+    if cached is None:
+        return adj_t.crow_indices(), adj_t.col_indices(), None
+    return cached if need_csc else (*cached[:2], None)
