@@ -662,7 +662,7 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
 // with the per-entry scalar work done once instead of in all kS lanes of a
 // head. backward_row repeats the softmax arithmetic (exp, leaky_relu, the
 // logit gradient, the grad_z store) in every lane and runs one kS-lane
-// butterfly per entry; ncu measured 161 warp instructions per CSC entry there
+// butterfly per entry; ncu measured 152 warp instructions per CSC entry there
 // (reddit-like, float32), issue-bound at 4 warps per scheduler. Here a step
 // of U = 8 entries reduces its 8 dot products with one transposing butterfly
 // (7 shuffles instead of 24 for kS = 8: at each level a lane keeps half the
