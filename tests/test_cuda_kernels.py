@@ -169,7 +169,7 @@ def test_forward_narrow_rows_both_layouts(heads, channels, dtype, split, monkeyp
 def test_dot_products_both_layouts(heads, channels, dtype, monkeypatch):
     """The dot-gather kernels (spmm backward over the CSC, SDDMM) with heads of
     4 or 8 lanes reduce each step's dot products with a transposing butterfly
-    (the default) or one butterfly per entry (PYG_MULTIHEAD_AGG_TRANSPOSED_DOTS
+    (the default) or one butterfly per entry (PYG_MULTIHEAD_AGG_TRANSPOSED
     = 0): both match the reference on a power-law graph with a hub (sliced
     columns) and on short uniform rows, int32 and int64, and agree bit for bit."""
     gen = torch.Generator().manual_seed(heads * 1000 + channels)
@@ -181,7 +181,7 @@ def test_dot_products_both_layouts(heads, channels, dtype, monkeypatch):
         colptr, row, perm = csr_to_csc(rowptr, col, num_src)
         got = []
         for layout in ("0", "1"):
-            monkeypatch.setenv("PYG_MULTIHEAD_AGG_TRANSPOSED_DOTS", layout)
+            monkeypatch.setenv("PYG_MULTIHEAD_AGG_TRANSPOSED", layout)
             poison((num_src, heads, channels), dtype, "cuda")
             gx, gw = ops.multihead_spmm_backward_csc(colptr, row, perm, weight, x, grad_out)
             poison((col.numel(), heads), dtype, "cuda")
@@ -198,11 +198,11 @@ def test_dot_products_both_layouts(heads, channels, dtype, monkeypatch):
 
 
 def test_transposed_dots_flag_is_checked(monkeypatch):
-    monkeypatch.setenv("PYG_MULTIHEAD_AGG_TRANSPOSED_DOTS", "yes")
+    monkeypatch.setenv("PYG_MULTIHEAD_AGG_TRANSPOSED", "yes")
     gen = torch.Generator().manual_seed(5)
     rowptr, col = random_graph(20, 20, 60, gen)
     weight, x, grad_out = make_values(rowptr, col, 20, 4, 32, torch.float32, gen)
-    with pytest.raises(RuntimeError, match="PYG_MULTIHEAD_AGG_TRANSPOSED_DOTS"):
+    with pytest.raises(RuntimeError, match="PYG_MULTIHEAD_AGG_TRANSPOSED"):
         ops.multihead_sddmm(rowptr.cuda(), col.cuda(), grad_out, x)
 
 

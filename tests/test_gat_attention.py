@@ -584,12 +584,12 @@ LAYOUT_CASES = [
 @pytest.mark.parametrize("case", LAYOUT_CASES,
                          ids=[f"H{c[3]}D{c[4]}-E{c[2]}" for c in LAYOUT_CASES])
 def test_backward_both_layouts_cuda(case, dtype, index_dtype, with_edge, dropout, monkeypatch):
-    """The all-heads CUDA backward does an entry's softmax arithmetic either in
-    one lane of the head after a transposing butterfly (the default for heads
-    of 4 or 8 lanes) or in every lane (PYG_MULTIHEAD_AGG_TRANSPOSED_DOTS=0).
-    Both match the float64 reference, and grad_x, grad_s_dst and grad_s_edge
-    are bitwise equal between them (the same dot products, weights and sums;
-    only grad_s_src is summed in another order)."""
+    """The all-heads CUDA kernels do an entry's softmax arithmetic either in one
+    lane of the head (the backward after a transposing butterfly; the default
+    for heads of 4 or 8 lanes) or in every lane (PYG_MULTIHEAD_AGG_TRANSPOSED
+    =0). Both match the float64 reference, and out, lse, grad_x, grad_s_dst
+    and grad_s_edge are bitwise equal between them (the same dot products,
+    weights and sums; only grad_s_src is summed in another order)."""
     inp = make_inputs(case, dtype, index_dtype, "cuda", seed=LAYOUT_CASES.index(case) + 300,
                       with_edge=with_edge, requires_grad=True)
     gen = torch.Generator().manual_seed(12)
@@ -598,27 +598,31 @@ def test_backward_both_layouts_cuda(case, dtype, index_dtype, with_edge, dropout
     csc = pma.csr_to_csc(inp.rowptr, inp.col, case[1])
     philox = PHILOX if dropout else None
     ref = reference_grads(inp, grad_out, grad_lse, dropout=dropout, philox=philox)
+    ref_out, ref_lse = run_reference(inp, dropout=dropout, philox=philox)
     names = grad_names(inp)
     got = {}
     for layout in ("0", "1"):
-        monkeypatch.setenv("PYG_MULTIHEAD_AGG_TRANSPOSED_DOTS", layout)
+        monkeypatch.setenv("PYG_MULTIHEAD_AGG_TRANSPOSED", layout)
+        poison((case[0], case[3], case[4]), dtype, "cuda")  # for out
         out, lse = run_op(inp, dropout=dropout, philox=philox, csc=csc)
+        assert rel_error(out, ref_out) <= TOLERANCE[dtype]
+        assert_lse_close(lse, ref_lse, dtype)
         poison((case[1], case[3], case[4]), dtype, "cuda")  # for grad_x
         grads = torch.autograd.grad((out, lse), inp.floats(), (grad_out, grad_lse))
         assert_grads_close(grads, ref, dtype, names)
-        got[layout] = dict(zip(names, grads, strict=True))
-    for name in names:
+        got[layout] = dict(zip(names, grads, strict=True), out=out, lse=lse)
+    for name in ["out", "lse", *names]:
         if name != "s_src":
             assert torch.equal(got["0"][name], got["1"][name]), name
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_transposed_backward_flag_is_checked_cuda(monkeypatch):
-    monkeypatch.setenv("PYG_MULTIHEAD_AGG_TRANSPOSED_DOTS", "yes")
+    monkeypatch.setenv("PYG_MULTIHEAD_AGG_TRANSPOSED", "yes")
     inp = make_inputs(LAYOUT_CASES[1], torch.float32, device="cuda", seed=9, requires_grad=True)
     csc = pma.csr_to_csc(inp.rowptr, inp.col, LAYOUT_CASES[1][1])
     out, lse = run_op(inp, csc=csc)
-    with pytest.raises(RuntimeError, match="PYG_MULTIHEAD_AGG_TRANSPOSED_DOTS"):
+    with pytest.raises(RuntimeError, match="PYG_MULTIHEAD_AGG_TRANSPOSED"):
         torch.autograd.grad(out.sum(), inp.floats())
 
 

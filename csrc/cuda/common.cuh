@@ -193,12 +193,12 @@ __device__ __forceinline__ void transpose_round(acc_t (&d)[U], int q, unsigned m
 
 // Whether the dot-product kernels with heads of 4 or 8 lanes take their
 // transposed variants (the default) or the per-lane butterflies:
-// PYG_MULTIHEAD_AGG_TRANSPOSED_DOTS=0 / 1, for benchmarks and tests of both.
+// PYG_MULTIHEAD_AGG_TRANSPOSED=0 / 1, for benchmarks and tests of both.
 inline bool transposed_dots() {
-  const char* env = std::getenv("PYG_MULTIHEAD_AGG_TRANSPOSED_DOTS");
+  const char* env = std::getenv("PYG_MULTIHEAD_AGG_TRANSPOSED");
   if (env == nullptr || *env == '\0') return true;
   TORCH_CHECK((env[0] == '0' || env[0] == '1') && env[1] == '\0',
-              "PYG_MULTIHEAD_AGG_TRANSPOSED_DOTS must be 0 or 1, got '", env, "'");
+              "PYG_MULTIHEAD_AGG_TRANSPOSED must be 0 or 1, got '", env, "'");
   return env[0] == '1';
 }
 

@@ -1019,6 +1019,62 @@ __device__ __forceinline__ void attend_heads(at::opmath_type<scalar_t> (&acc)[VP
   }
 }
 
+// attend_heads for one vector per lane and heads of kS = 4 or 8 lanes, with
+// each entry's scalar work done once instead of in all kS lanes of its head
+// (as backward_row_transposed): lane q of a head loads the row and s_src (and
+// s_edge) of entry q (and q + 4 when kS = 4) of a step of 8, computes its
+// weight exp(l - lse) * mask, and the weights go back to the head's lanes
+// with one shuffle per entry. The same expressions in the same order, so out
+// is bitwise that of attend_heads (ncu, session 6: the fused forward issued
+// 86 warp instructions per entry on reddit-like, float32).
+template <int kS, typename scalar_t, typename index_t, int V>
+__device__ __forceinline__ void attend_heads_transposed(
+    at::opmath_type<scalar_t> (&acc)[1][V], const GatParams<scalar_t, index_t>& p, int64_t lo,
+    int64_t hi, int q, unsigned mask, const RowLanes<V, 1>& m,
+    const at::opmath_type<scalar_t> (&sd)[1], const at::opmath_type<scalar_t> (&lse)[1]) {
+  using acc_t = at::opmath_type<scalar_t>;
+  static_assert(kS == 4 || kS == 8, "4 or 8 lanes per head");
+  constexpr int U = 8, kSlots = U / kS;
+  const int head_base = (threadIdx.x & 31) & ~(kS - 1);  // warp lane of the head's lane 0
+  const bool valid = m.valid[0];
+  const int h = m.head[0];
+#pragma unroll
+  for (int v = 0; v < V; ++v) acc[0][v] = 0;
+  for (int64_t e0 = lo; e0 < hi; e0 += U) {
+    index_t j[U], jq[kSlots];
+#pragma unroll
+    for (int u = 0; u < U; ++u) j[u] = load_index_if(e0 + u < hi, p.idx + e0 + u);
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s)
+      jq[s] = load_index_if(e0 + s * kS + q < hi, p.idx + e0 + s * kS + q);
+    Vec<scalar_t, V> xv[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      xv[u] = load_vec_if<scalar_t, V>(valid && e0 + u < hi && in_range(j[u], p.num_gathered),
+                                      p.x + static_cast<int64_t>(j[u]) * p.HD + m.feat[0]);
+    acc_t w[kSlots];
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      const int64_t e = e0 + s * kS + q;
+      const bool use = valid && e < hi && in_range(jq[s], p.num_gathered);
+      const acc_t ssrc =
+          load_value_if(use, p.s_src + static_cast<int64_t>(jq[s]) * p.H + h);
+      acc_t z = use ? ssrc + sd[0] : acc_t(0);
+      z += load_value_if(use && p.s_edge != nullptr, p.s_edge + e * p.H + h);
+      acc_t mk = 1;
+      if (p.rng.threshold != 0) mk = p.rng.keep(e, h) ? p.scale : acc_t(0);  // uniform branch
+      const acc_t wk = exp_(leaky(z, p.negative_slope) - lse[0]) * mk;
+      w[s] = use ? wk : acc_t(0);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const acc_t wu = __shfl_sync(mask, w[u / kS], head_base + (u % kS));
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[0][v] += wu * static_cast<acc_t>(xv[u].val[v]);
+    }
+  }
+}
+
 // Softmax arithmetic of the one-pass forward: float32 in base 2 (logits
 // scaled by log2 e, exp2f), float64 in base e.
 template <typename acc_t>
@@ -1119,7 +1175,9 @@ __device__ __forceinline__ void attend_heads_online(at::opmath_type<scalar_t> (&
   }
 }
 
-template <typename scalar_t, typename index_t, int V, int VPL>
+// kS = 4 or 8: the two-pass rows' second pass by attend_heads_transposed
+// (one vector per lane); kS = 0: attend_heads.
+template <typename scalar_t, typename index_t, int V, int VPL, int kS>
 __global__ void __launch_bounds__(kThreads, VPL >= 4 ? 1 : 2)
     gat_forward_rows_kernel(const GatParams<scalar_t, index_t> p, const WorkList wl) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -1148,7 +1206,12 @@ __global__ void __launch_bounds__(kThreads, VPL >= 4 ? 1 : 2)
         lse[k] = stats_lse(mx[k], sum[k], hi > lo);
         if (q == 0 && m.valid[k]) p.lse_out[r * p.H + m.head[k]] = lse[k];
       }
-      attend_heads(acc, p, lo, hi, q, mask, m, sd, lse);
+      if constexpr (kS != 0) {
+        static_assert(VPL == 1, "one vector per lane");
+        attend_heads_transposed<kS>(acc, p, lo, hi, q, mask, m, sd, lse);
+      } else {
+        attend_heads(acc, p, lo, hi, q, mask, m, sd, lse);
+      }
     } else {
       attend_heads_online(acc, mx, sum, p, lo, hi, q, mask, m, sd);
 #pragma unroll
@@ -1346,10 +1409,20 @@ void launch_gat_forward(GatParams<scalar_t, index_t> p, const at::TensorOptions&
     at::Tensor storage;
     const WorkList wl = make_work_list(p.ptr, p.num_rows, p.num_edges, storage, options);
     auto stream = c10::cuda::getCurrentCUDAStream();
+    const bool transposed = transposed_dots();
     VPL_SWITCH(rc.vpl, kVPL, [&] {
-      auto kernel = gat_forward_rows_kernel<scalar_t, index_t, kVec, kVPL>;
-      kernel<<<persistent_grid(kernel, p.num_rows, p.G), kThreads, 0, stream>>>(p, wl);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      auto run = [&](auto kernel) {
+        kernel<<<persistent_grid(kernel, p.num_rows, p.G), kThreads, 0, stream>>>(p, wl);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      };
+      constexpr bool kOne = kVPL == 1;
+      if (transposed && kOne && p.S == 8) {
+        run(gat_forward_rows_kernel<scalar_t, index_t, kVec, kVPL, kOne ? 8 : 0>);
+      } else if (transposed && kOne && p.S == 4) {
+        run(gat_forward_rows_kernel<scalar_t, index_t, kVec, kVPL, kOne ? 4 : 0>);
+      } else {
+        run(gat_forward_rows_kernel<scalar_t, index_t, kVec, kVPL, 0>);
+      }
     });
     return;
   }
