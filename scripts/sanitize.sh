@@ -90,9 +90,9 @@ TRANSPOSED=(
   "$K::test_dot_products_both_layouts[3-32-dtype2]"
   "$K::test_dot_products_both_layouts[3-32-dtype1]"
   "$K::test_dot_products_both_layouts[4-16-dtype2]"
-  "$G::test_backward_both_layouts_cuda[H4D32-E600-float32-int32-s_edge-p0.5]"
-  "$G::test_backward_both_layouts_cuda[H2D64-E400-bfloat16-int64-s_edge-p0.5]"
-  "$G::test_backward_both_layouts_cuda[H3D16-E800-float32-int64-no_edge-p0]"
+  "$G::test_both_layouts_cuda[H4D32-E600-float32-int32-s_edge-p0.5]"
+  "$G::test_both_layouts_cuda[H2D64-E400-bfloat16-int64-s_edge-p0.5]"
+  "$G::test_both_layouts_cuda[H3D16-E800-float32-int64-no_edge-p0]"
 )
 # The device=cuda cases of the malformed-input catalogue and the properties
 # (with HYPOTHESIS_PROFILE=sanitize: a few examples each); `-k cuda` keeps
