@@ -61,6 +61,15 @@ def power_law_graph(num_dst, num_src, gen, hub_degree=6000):
     return csr_from_degrees(deg, num_src, gen, skew=3.0)
 
 
+def layout_graphs(gen):
+    """(index dtype, (rowptr, col, num_src)) on the CPU: power-law rows with a
+    hub and empty rows in int32, short uniform rows in int64 (both built
+    before any value is drawn from gen)."""
+    graphs = [(*power_law_graph(300, 200, gen, hub_degree=700), 200),
+              (*random_graph(40, 31, 150, gen), 31)]
+    return zip(INDICES, graphs, strict=True)
+
+
 def assert_close(out, ref, dtype, what):
     assert out.dtype == dtype, (what, out.dtype)
     out = out.detach().cpu().double()
@@ -153,9 +162,7 @@ def test_forward_narrow_rows_both_layouts(heads, channels, dtype, split, monkeyp
     hub, empty rows) and on short uniform rows, int32 and int64."""
     monkeypatch.setenv("PYG_MULTIHEAD_AGG_SPLIT_ROWS", split)
     gen = torch.Generator().manual_seed(heads * 100 + channels)
-    graphs = [(*power_law_graph(300, 200, gen, hub_degree=700), 200),
-              (*random_graph(40, 31, 150, gen), 31)]
-    for index_dtype, (rowptr, col, num_src) in zip(INDICES, graphs, strict=True):
+    for index_dtype, (rowptr, col, num_src) in layout_graphs(gen):
         weight, x, _ = make_values(rowptr, col, num_src, heads, channels, dtype, gen)
         rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
         poison((rowptr.numel() - 1, heads, channels), dtype, "cuda")
@@ -173,9 +180,7 @@ def test_dot_products_both_layouts(heads, channels, dtype, monkeypatch):
     = 0): both match the reference on a power-law graph with a hub (sliced
     columns) and on short uniform rows, int32 and int64, and agree bit for bit."""
     gen = torch.Generator().manual_seed(heads * 1000 + channels)
-    graphs = [(*power_law_graph(300, 200, gen, hub_degree=700), 200),
-              (*random_graph(40, 31, 150, gen), 31)]
-    for index_dtype, (rowptr, col, num_src) in zip(INDICES, graphs, strict=True):
+    for index_dtype, (rowptr, col, num_src) in layout_graphs(gen):
         weight, x, grad_out = make_values(rowptr, col, num_src, heads, channels, dtype, gen)
         rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
         colptr, row, perm = csr_to_csc(rowptr, col, num_src)
