@@ -44,7 +44,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
-#include <string>
 #include <tuple>
 #include <type_traits>
 
@@ -658,22 +657,22 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
 }
 
 // The same pass for one vector per lane and kS = 4 or 8 lanes per head (the
-// common shapes: float32 heads of 16 or 32 channels, bf16/fp16 of 32 or 64),
-// with the per-entry scalar work done once instead of in all kS lanes of a
-// head. backward_row repeats the softmax arithmetic (exp, leaky_relu, the
-// logit gradient, the grad_z store) in every lane and runs one kS-lane
-// butterfly per entry; ncu measured 152 warp instructions per CSC entry there
-// (reddit-like, float32), issue-bound at 4 warps per scheduler. Here a step
-// of U = 8 entries reduces its 8 dot products with one transposing butterfly
-// (7 shuffles instead of 24 for kS = 8: at each level a lane keeps half the
-// entries and sends the other half), after which lane q of a head holds the
-// whole dot of entry q (and 4 + q when kS = 4). That lane alone loads the
-// entry's row, edge id and aux, computes alpha, the dropout mask and the
-// logit gradient and stores grad_z; the weights go back to the head's lanes
-// with one shuffle per entry. The pairs added are those of lanes_sum, so every
-// dot, alpha, grad_x and grad_z is bitwise the same as in backward_row;
-// grad_s_src is summed per lane and then over the head's lanes.
-
+// common shapes: float32 heads of 16 or 32 channels, bf16/fp16 heads of 32;
+// kS = 8 is float32 only), with the per-entry scalar work done once instead
+// of in all kS lanes of a head. backward_row repeats the softmax arithmetic
+// (exp, leaky_relu, the logit gradient, the grad_z store) in every lane and
+// runs one kS-lane butterfly per entry; ncu measured 152 warp instructions per
+// CSC entry there (reddit-like, float32), bound by issue and latency at 5
+// warps per scheduler. Here a step of U entries reduces its U dot products
+// with one transposing butterfly (7 shuffles instead of 24 for 8 entries over
+// 8 lanes: at each level a lane keeps half the entries and sends the other
+// half), after which lane q of a head holds the whole dot of entry q (and
+// 4 + q when U = 8 and kS = 4). That lane alone loads the entry's row, edge
+// id and aux, computes alpha, the dropout mask and the logit gradient and
+// stores grad_z; the weights go back to the head's lanes with one shuffle per
+// entry. The pairs added are those of lanes_sum, so every dot, alpha, grad_x
+// and grad_z is bitwise the same as in backward_row; grad_s_src is summed per
+// lane and then over the head's lanes.
 template <int kS, typename scalar_t, typename index_t, int V>
 __device__ __forceinline__ void backward_row_transposed(
     at::opmath_type<scalar_t> (&acc)[1][V], at::opmath_type<scalar_t> (&gsrc)[1],
