@@ -192,9 +192,11 @@ def test_int32_indices(kind):
 def test_compact_indices_keeps_cpu_and_int32_graphs():
     rowptr, col = torch.tensor([0, 2, 3]), torch.tensor([1, 0, 1])
     csc = csr_to_csc(rowptr, col, 2)
-    assert compact_indices(rowptr, col, csc, 2) == (rowptr, col, csc)  # CPU: unchanged
+    got = compact_indices(rowptr, col, csc, 2)  # CPU: the same tensors back
+    assert got[0] is rowptr and got[1] is col and got[2] is csc
     r32, c32 = rowptr.int(), col.int()
-    assert compact_indices(r32, c32, None, 2) == (r32, c32, None)
+    got = compact_indices(r32, c32, None, 2)  # already int32
+    assert got[0] is r32 and got[1] is c32 and got[2] is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

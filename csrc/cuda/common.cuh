@@ -177,10 +177,6 @@ __device__ __forceinline__ index_t load_index_if(bool pred, const index_t* p) {
 // those of one.
 template <int OFF, int kS, int U, typename acc_t>
 __device__ __forceinline__ void transpose_round(acc_t (&d)[U], int q, unsigned mask) {
-  // Within each block of kS slots, the live slots are the first 2 * OFF; the
-  // pairs (u, u + OFF) of the first OFF: the lane with bit OFF of q set keeps
-  // entry u + OFF and sends u, its partner the reverse; slot u then holds the
-  // pair's sum, and the first OFF slots of the block stay live.
   const bool hi = (q & OFF) != 0;
 #pragma unroll
   for (int u = 0; u < U; ++u) {
@@ -191,9 +187,11 @@ __device__ __forceinline__ void transpose_round(acc_t (&d)[U], int q, unsigned m
   }
 }
 
-// Whether the dot-product kernels with heads of 4 or 8 lanes take their
-// transposed variants (the default) or the per-lane butterflies:
-// PYG_MULTIHEAD_AGG_TRANSPOSED=0 / 1, for benchmarks and tests of both.
+// Whether the kernels with heads of 4 or 8 lanes (the backward kernels, the
+// SDDMM, the fused forward's second pass) take their transposed variants,
+// one entry's scalar work per lane (the default), or do that work in every
+// lane of the head: PYG_MULTIHEAD_AGG_TRANSPOSED=0 / 1, for benchmarks and
+// tests of both.
 inline bool transposed_dots() {
   const char* env = std::getenv("PYG_MULTIHEAD_AGG_TRANSPOSED");
   if (env == nullptr || *env == '\0') return true;
