@@ -151,6 +151,30 @@ def test_power_law_with_hub(heads, channels, dtype, index_dtype):
                   grad_out, dtype)
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("heads,channels", [(4, 16), (3, 32), (1, 32), (2, 64), (8, 8)])
+def test_forward_transposed_weights(heads, channels, dtype, monkeypatch):
+    """The spmm forward with heads of 4 or 8 lanes loads each entry's weight in
+    one lane of the head and shuffles it to the others (the default) or loads
+    it in every lane (PYG_MULTIHEAD_AGG_TRANSPOSED=0): both match the
+    reference, row per group and row per warp, and agree bit for bit."""
+    gen = torch.Generator().manual_seed(heads * 77 + channels)
+    for index_dtype, (rowptr, col, num_src) in layout_graphs(gen):
+        weight, x, _ = make_values(rowptr, col, num_src, heads, channels, dtype, gen)
+        rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
+        ref = reference_spmm(rowptr, col, weight, x)
+        for split in ("0", "1"):
+            monkeypatch.setenv("PYG_MULTIHEAD_AGG_SPLIT_ROWS", split)
+            got = []
+            for layout in ("0", "1"):
+                monkeypatch.setenv("PYG_MULTIHEAD_AGG_TRANSPOSED", layout)
+                poison((rowptr.numel() - 1, heads, channels), dtype, "cuda")
+                out = ops.multihead_spmm(rowptr, col, weight, x)
+                assert_close(out, ref, dtype, f"layout {layout}, split {split}, {index_dtype}")
+                got.append(out)
+            assert torch.equal(*got), f"split {split}, {index_dtype}"
+
+
 @pytest.mark.parametrize("split", ["0", "1"], ids=["row_per_group", "row_per_warp"])
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("heads,channels", [(1, 1), (1, 3), (1, 8), (8, 8), (4, 32), (2, 24)])

@@ -164,7 +164,75 @@ __device__ __forceinline__ void gather_entries(at::opmath_type<scalar_t> (&acc)[
   }
 }
 
-template <typename scalar_t, typename index_t, int V, int VPL>
+// gather_entries for one vector per lane and heads of kS = 4 or 8 lanes:
+// gather_step's lanes each load the weight of every entry for their head (kS
+// lanes the same value) and check its index; here lane q of a head loads the
+// weight of entries q (and q + 4 when kS = 4) of the step's 8, and one
+// shuffle per entry hands it to the head's lanes. Session 6's ncu: the
+// float32 gather issued 53 warp instructions per entry, the bf16 one 37 at
+// 64% of the issue slots. Same products in the same order, so out is bitwise
+// that of gather_entries. (An entry whose weight index is out of range adds
+// 0 x its row instead of nothing: only a malformed perm has one.)
+template <int kS, typename scalar_t, typename index_t, int V>
+__device__ __forceinline__ void gather_entries_transposed(
+    at::opmath_type<scalar_t> (&acc)[1][V], int64_t lo, int64_t hi,
+    const GatherParams<scalar_t, index_t>& p, const LaneMap<1>& m, int first, int stride) {
+  using acc_t = at::opmath_type<scalar_t>;
+  static_assert(kS == 4 || kS == 8, "4 or 8 lanes per head");
+  constexpr int U = kLoadsInFlight, kSlots = U / kS;
+  const int q = (threadIdx.x & 31) & (kS - 1);
+  const int head_base = (threadIdx.x & 31) & ~(kS - 1);  // warp lane of the head's lane 0
+  const unsigned mask = group_mask(p.G);
+  const bool valid = m.valid[0];
+  const int h = m.head[0];
+#pragma unroll
+  for (int v = 0; v < V; ++v) acc[0][v] = 0;
+  // The gathered rows of all U entries (every lane) and this lane's own
+  // entries' weight rows, one step ahead with 32-bit indices.
+  struct StepIdx {
+    index_t src[U], we[kSlots];
+  };
+  auto load_idx = [&](int64_t e, StepIdx& n) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) n.src[u] = load_index_if(e + u < hi, p.idx + e + u);
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      const int64_t k = e + s * kS + q;
+      const index_t wp = load_index_if(k < hi && p.wperm != nullptr, p.wperm + k);  // no branch
+      n.we[s] = p.wperm != nullptr ? wp : static_cast<index_t>(k);
+    }
+  };
+  constexpr bool kPrefetch = sizeof(index_t) == 4;
+  const int64_t step = static_cast<int64_t>(stride) * U;
+  StepIdx cur;
+  if constexpr (kPrefetch) load_idx(lo + first * U, cur);
+  for (int64_t e = lo + first * U; e < hi; e += step) {
+    if constexpr (!kPrefetch) load_idx(e, cur);
+    StepIdx next;
+    if constexpr (kPrefetch) load_idx(e + step, next);
+    Vec<scalar_t, V> xv[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      xv[u] = load_vec_if<scalar_t, V>(valid && e + u < hi && in_range(cur.src[u], p.num_src),
+                                      p.x + static_cast<int64_t>(cur.src[u]) * p.HD + m.feat[0]);
+    acc_t w[kSlots];
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s)
+      w[s] = load_value_if(valid && e + s * kS + q < hi && in_range(cur.we[s], p.num_edges),
+                           p.weight + static_cast<int64_t>(cur.we[s]) * p.H + h);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const acc_t wu = __shfl_sync(mask, w[u / kS], head_base + (u % kS));
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[0][v] += wu * static_cast<acc_t>(xv[u].val[v]);
+    }
+    if constexpr (kPrefetch) cur = next;
+  }
+}
+
+// kS = 4 or 8: gather_entries_transposed (one vector per lane, one chunk);
+// kS = 0: gather_entries.
+template <typename scalar_t, typename index_t, int V, int VPL, int kS>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     gather_kernel(const GatherParams<scalar_t, index_t> p, const WorkList wl) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -178,7 +246,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     for (int chunk = 0; chunk < p.num_chunks; ++chunk) {
       const auto m = lane_map<V, VPL>(chunk, lane, G, p.D, p.HD);
       acc_t acc[VPL][V];
-      gather_entries(acc, lo, hi, p, m, sub, subs);
+      if constexpr (kS != 0) {
+        gather_entries_transposed<kS>(acc, lo, hi, p, m, sub, subs);
+      } else {
+        gather_entries(acc, lo, hi, p, m, sub, subs);
+      }
       if (p.split) {  // warp-uniform; a fixed butterfly, so deterministic
         for (int off = G; off < 32; off <<= 1)
 #pragma unroll
@@ -199,7 +271,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     for (int chunk = 0; chunk < p.num_chunks; ++chunk) {
       const auto m = lane_map<V, VPL>(chunk, lane, G, p.D, p.HD);
       acc_t acc[VPL][V];
-      gather_entries(acc, slo, shi, p, m);
+      if constexpr (kS != 0) {
+        gather_entries_transposed<kS>(acc, slo, shi, p, m, 0, 1);
+      } else {
+        gather_entries(acc, slo, shi, p, m);
+      }
       block_reduce_store<scalar_t, acc_t, V, VPL>(red, acc, G, lane, chunk * G * VPL * V, p.HD,
                                                   p.out + r * p.HD);
     }
@@ -569,11 +645,25 @@ void launch_gather(GatherParams<scalar_t, index_t> p, const at::TensorOptions& o
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
   if (vectorised) {
-    VPL_SWITCH(c.vpl, kVPL, [&] { launch(gather_kernel<scalar_t, index_t, kVec, kVPL>); });
+    // Heads of 4 or 8 lanes, one vector per lane, one chunk: the transposed
+    // weight loads (PYG_MULTIHEAD_AGG_TRANSPOSED=0 keeps the per-lane ones).
+    const int head_lanes = p.D / kVec;
+    const bool transposed = c.vpl == 1 && c.num_chunks == 1 && head_lanes <= c.G &&
+                            (head_lanes == 4 || head_lanes == 8) && transposed_dots();
+    VPL_SWITCH(c.vpl, kVPL, [&] {
+      constexpr bool kOne = kVPL == 1;
+      if (transposed && head_lanes == 8) {
+        launch(gather_kernel<scalar_t, index_t, kVec, kVPL, kOne ? 8 : 0>);
+      } else if (transposed) {
+        launch(gather_kernel<scalar_t, index_t, kVec, kVPL, kOne ? 4 : 0>);
+      } else {
+        launch(gather_kernel<scalar_t, index_t, kVec, kVPL, 0>);
+      }
+    });
   } else if (c.vpl == 1) {
-    launch(gather_kernel<scalar_t, index_t, 1, 1>);
+    launch(gather_kernel<scalar_t, index_t, 1, 1, 0>);
   } else {
-    launch(gather_kernel<scalar_t, index_t, 1, kMaxVPL>);
+    launch(gather_kernel<scalar_t, index_t, 1, kMaxVPL, 0>);
   }
 }
 
