@@ -93,6 +93,8 @@ TRANSPOSED=(
   "$G::test_both_layouts_cuda[H4D32-E600-float32-int32-s_edge-p0.5]"
   "$G::test_both_layouts_cuda[H2D64-E400-bfloat16-int64-s_edge-p0.5]"
   "$G::test_both_layouts_cuda[H3D16-E800-float32-int64-no_edge-p0]"
+  "$K::test_forward_transposed_weights[4-16-dtype2]"
+  "$K::test_forward_transposed_weights[3-32-dtype1]"
 )
 # The device=cuda cases of the malformed-input catalogue and the properties
 # (with HYPOTHESIS_PROFILE=sanitize: a few examples each); `-k cuda` keeps
