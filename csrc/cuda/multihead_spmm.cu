@@ -230,10 +230,23 @@ __device__ __forceinline__ void gather_entries_transposed(
   }
 }
 
+// Resident blocks per SM asked of ptxas for gather_kernel. The transposed
+// variants fit 80 registers (3 blocks, 24 warps per SM instead of 16): float32
+// without spill, bf16 / fp16 with 8-12 bytes. Session 6's Nsight Compute:
+// the per-lane gather ran at 25% occupancy, register-bound, with under one
+// eligible warp per scheduler.
+#ifndef PMA_GATHER_TRANSPOSED_MIN_BLOCKS
+#define PMA_GATHER_TRANSPOSED_MIN_BLOCKS 3
+#endif
+template <int kS>
+constexpr int gather_min_blocks() {
+  return kS != 0 ? PMA_GATHER_TRANSPOSED_MIN_BLOCKS : kMinBlocks;
+}
+
 // kS = 4 or 8: gather_entries_transposed (one vector per lane, one chunk);
 // kS = 0: gather_entries.
 template <typename scalar_t, typename index_t, int V, int VPL, int kS>
-__global__ void __launch_bounds__(kThreads, kMinBlocks)
+__global__ void __launch_bounds__(kThreads, gather_min_blocks<kS>())
     gather_kernel(const GatherParams<scalar_t, index_t> p, const WorkList wl) {
   using acc_t = at::opmath_type<scalar_t>;
   __shared__ acc_t red[kThreads * VPL * V];
