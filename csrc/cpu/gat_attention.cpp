@@ -243,7 +243,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backwar
             const scalar_t* o = outp + i * HD + h * D;
             acc_t dot = 0;
             if (bp == nullptr) {
-              for (int64_t d = 0; d < D; ++d) dot += static_cast<acc_t>(g[d]) * static_cast<acc_t>(o[d]);
+              for (int64_t d = 0; d < D; ++d)
+                dot += static_cast<acc_t>(g[d]) * static_cast<acc_t>(o[d]);
             } else {  // the attention output: out - bias, in acc_t
               const scalar_t* b = bp + h * D;
               for (int64_t d = 0; d < D; ++d)
