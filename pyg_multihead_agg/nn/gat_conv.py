@@ -346,14 +346,16 @@ class GATConv(PyGGATConv):
         # that one [N, H * C] tensor for its backward (instead of the
         # attention output and, here, a biased copy). Per head [H, C]: with
         # concat=False every head gets the whole bias, and the mean over the
-        # heads of (out_h + bias) is mean(out_h) + bias. (Under autocast the
-        # op's autocast kernel casts it with x.) The residual is added after,
-        # as PyG adds it before the bias: the same sum in another order.
+        # heads of (out_h + bias) is mean(out_h) + bias. The residual is added
+        # after, as PyG adds it before the bias: the same sum in another
+        # order. Under autocast the bias is added here instead, in float32,
+        # so that the output is float32 as PyG's.
         bias: OptTensor = None
-        if self.bias is not None:
+        fold_bias = self.bias is not None and not torch.is_autocast_enabled(
+            x_src.device.type)
+        if fold_bias:
             bias = self.bias.view(H, C) if self.concat else self.bias.expand(H, C)
-            if not torch.is_autocast_enabled(x_src.device.type):
-                bias = bias.to(x_src.dtype)
+            bias = bias.to(x_src.dtype)
 
         need_csc = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad
@@ -367,6 +369,8 @@ class GATConv(PyGGATConv):
         out = out.view(-1, H * C) if self.concat else out.mean(dim=1)
         if res is not None:
             out = out + res
+        if self.bias is not None and not fold_bias:
+            out = out + self.bias
         if not return_attention_weights:
             return out
         # alpha from lse, in the adjacency's edge order (= CSR order).
