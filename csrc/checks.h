@@ -154,10 +154,22 @@ inline void check_philox(const std::optional<at::Tensor>& philox, double dropout
   }
 }
 
+// The optional bias [H, D] of gat_attention (and its backward).
+inline void check_gat_bias(const std::optional<at::Tensor>& bias, const at::Tensor& x,
+                           int64_t H, int64_t D) {
+  if (!bias.has_value() || !bias->defined()) return;
+  check_value(*bias, "bias", 2);
+  check_same_dtype(*bias, "bias", x, "x");
+  check_same_device(*bias, "bias", x, "x");
+  TORCH_CHECK(bias->size(0) == H && bias->size(1) == D, "bias must have shape [", H, ", ", D,
+              "] (heads, channels: x.size(1), x.size(2)), got ", bias->sizes());
+}
+
 inline GatShape check_gat_attention(const at::Tensor& rowptr, const at::Tensor& col,
                                     const at::Tensor& s_src, const at::Tensor& s_dst,
                                     const std::optional<at::Tensor>& s_edge, const at::Tensor& x,
-                                    double dropout_p, const std::optional<at::Tensor>& philox) {
+                                    double dropout_p, const std::optional<at::Tensor>& philox,
+                                    const std::optional<at::Tensor>& bias) {
   GatShape s;
   s.N_dst = check_compressed(rowptr, "rowptr", col, "col");
   check_value(x, "x", 3);
@@ -184,6 +196,7 @@ inline GatShape check_gat_attention(const at::Tensor& rowptr, const at::Tensor& 
                 s.E, ", ", s.H, "] (col.numel(), heads), got ", s_edge->sizes());
   }
   check_philox(philox, dropout_p);
+  check_gat_bias(bias, x, s.H, s.D);
   return s;
 }
 
@@ -193,8 +206,9 @@ inline GatShape check_gat_attention_backward(
     const at::Tensor& s_dst, const std::optional<at::Tensor>& s_edge, const at::Tensor& x,
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out,
     const std::optional<at::Tensor>& grad_lse, double dropout_p,
-    const std::optional<at::Tensor>& philox) {
-  const GatShape s = check_gat_attention(rowptr, col, s_src, s_dst, s_edge, x, dropout_p, philox);
+    const std::optional<at::Tensor>& philox, const std::optional<at::Tensor>& bias) {
+  const GatShape s =
+      check_gat_attention(rowptr, col, s_src, s_dst, s_edge, x, dropout_p, philox, bias);
   const int64_t N_src = check_compressed(colptr, "colptr", row, "row");
   TORCH_CHECK(N_src == s.N_src, "colptr must have x.size(0) + 1 = ", s.N_src + 1,
               " entries, got ", colptr.numel());

@@ -42,22 +42,30 @@ TORCH_LIBRARY(pyg_multihead_agg, m) {
   //   z[e, h]     = s_src[j, h] + s_dst[i, h] (+ s_edge[e, h])
   //   alpha[e, h] = exp(leaky_relu(z[e, h], negative_slope) - lse[i, h])
   //   out[i, h]   = sum_e alpha[e, h] * keep(e, h) / (1 - dropout_p) * x[j, h]
+  //                 (+ bias[h])
   // lse[i, h] = logsumexp_e leaky_relu(z[e, h]) (-inf for rows without edges),
   // in float32 (float64 for float64 inputs). keep(e, h) comes from Philox with
   // philox = int64 tensor [seed, offset] (required when dropout_p > 0).
   // colptr/row/perm (the CSC) are not read by the forward; they are inputs so
   // that the autograd formula can use them, as for multihead_spmm.
+  // bias [H, D] (dtype and device of x), when given, is added to every row
+  // (rows without edges get bias, NaN rows stay NaN; lse is unchanged): a
+  // layer's bias folded into the op, so that autograd keeps one [N_dst, H, D]
+  // tensor (this output) instead of two.
   m.def(
       "gat_attention(Tensor rowptr, Tensor col, Tensor s_src, Tensor s_dst, Tensor? s_edge, "
       "Tensor x, float negative_slope, float dropout_p, Tensor? philox, Tensor? colptr=None, "
-      "Tensor? row=None, Tensor? perm=None) -> (Tensor, Tensor)");
+      "Tensor? row=None, Tensor? perm=None, Tensor? bias=None) -> (Tensor, Tensor)");
   // Its backward from the CSC (colptr, row, perm) of the same graph, with the
   // attention recomputed from lse. Returns (grad_x, grad_s_src, grad_s_dst,
   // grad_s_edge); grad_s_edge is empty [0, H] without s_edge. grad_lse, when
-  // given, adds alpha * grad_lse to the gradient of the logits.
+  // given, adds alpha * grad_lse to the gradient of the logits. out is the
+  // forward's output, bias included: delta[i, h] = <grad_out[i, h], out[i, h] - bias[h]>
+  // (in the accumulation type). The gradient of bias (grad_out summed over
+  // rows) is not computed here.
   m.def(
       "gat_attention_backward(Tensor rowptr, Tensor col, Tensor colptr, Tensor row, Tensor perm, "
       "Tensor s_src, Tensor s_dst, Tensor? s_edge, Tensor x, Tensor out, Tensor lse, "
       "Tensor grad_out, Tensor? grad_lse, float negative_slope, float dropout_p, "
-      "Tensor? philox) -> (Tensor, Tensor, Tensor, Tensor)");
+      "Tensor? philox, Tensor? bias=None) -> (Tensor, Tensor, Tensor, Tensor)");
 }

@@ -214,7 +214,7 @@ def gat_attention(rowptr: Tensor, col: Tensor, s_src: Tensor, s_dst: Tensor, x: 
                   s_edge: Optional[Tensor] = None, negative_slope: float = 0.2,
                   dropout: float = 0.0, philox: Optional[Tensor] = None,
                   generator: Optional[torch.Generator] = None, csc: Optional[CSC] = None,
-                  validate: bool = False) -> Tuple[Tensor, Tensor]:
+                  validate: bool = False, bias: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     r"""Fused GAT attention: edge softmax, attention dropout and aggregation
     in one pass over a CSR graph, without materialising the :obj:`E x H`
     attention matrix:
@@ -227,7 +227,8 @@ def gat_attention(rowptr: Tensor, col: Tensor, s_src: Tensor, s_dst: Tensor, x: 
 
     with :obj:`j = col[e]` and the dropout mask :math:`m` (kept with
     probability :obj:`1 - dropout`, scaled by :obj:`1 / (1 - dropout)`),
-    regenerated in the backward from a Philox key instead of stored.
+    regenerated in the backward from a Philox key instead of stored; plus
+    :obj:`bias[h]` when given.
 
     Args:
         rowptr, col (torch.Tensor): the CSR over destinations (int32/int64).
@@ -247,6 +248,12 @@ def gat_attention(rowptr: Tensor, col: Tensor, s_src: Tensor, s_dst: Tensor, x: 
             :obj:`(colptr, row, perm)` of the graph for the backward; built
             by :func:`~pyg_multihead_agg.csr_to_csc` when needed otherwise.
         validate (bool): check the graph first (:class:`ValueError`).
+        bias (torch.Tensor, optional): :obj:`[H, D]`, dtype and device of
+            :obj:`x`, added to every row of :obj:`out` (rows without edges
+            get :obj:`bias`); differentiable. A layer's bias folded into the
+            op: autograd then keeps :obj:`out` itself for the backward
+            (which takes :obj:`out - bias`) instead of the attention output
+            and a biased copy.
 
     Returns:
         :obj:`(out [N_dst, H, D], lse [N_dst, H])`; :obj:`lse` is the
@@ -263,10 +270,10 @@ def gat_attention(rowptr: Tensor, col: Tensor, s_src: Tensor, s_dst: Tensor, x: 
         philox = new_philox(generator)
     colptr, row, perm = (None, None, None) if csc is None else csc
     return _ops.gat_attention(rowptr, col, s_src, s_dst, s_edge, x, float(negative_slope),
-                              float(dropout), philox, colptr, row, perm)
+                              float(dropout), philox, colptr, row, perm, bias)
 
 
-def _check_gat(rowptr, col, s_src, s_dst, s_edge, x, dropout_p, philox):
+def _check_gat(rowptr, col, s_src, s_dst, s_edge, x, dropout_p, philox, bias=None):
     _check_compressed(rowptr, "rowptr", col, "col")
     _check_value(x, "x", 3)
     for t, name in ((s_src, "s_src"), (s_dst, "s_dst")):
@@ -288,6 +295,13 @@ def _check_gat(rowptr, col, s_src, s_dst, s_edge, x, dropout_p, philox):
     if dropout_p > 0:
         torch._check(philox is not None, lambda: "philox (an int64 tensor [seed, offset]) is "
                      "required when dropout_p > 0")
+    if bias is not None:
+        _check_value(bias, "bias", 2)
+        _check_same(bias, "bias", x, "x")
+        channels = x.size(2)
+        torch._check(bias.size(0) == heads and bias.size(1) == channels,
+                     lambda: f"bias must have shape [{heads}, {channels}] (heads, channels: "
+                     f"x.size(1), x.size(2)), got {list(bias.shape)}")
 
 
 def _lse_dtype(x: Tensor) -> torch.dtype:
@@ -296,8 +310,8 @@ def _lse_dtype(x: Tensor) -> torch.dtype:
 
 @torch.library.register_fake("pyg_multihead_agg::gat_attention")
 def _(rowptr, col, s_src, s_dst, s_edge, x, negative_slope, dropout_p, philox, colptr=None,
-      row=None, perm=None):
-    _check_gat(rowptr, col, s_src, s_dst, s_edge, x, dropout_p, philox)
+      row=None, perm=None, bias=None):
+    _check_gat(rowptr, col, s_src, s_dst, s_edge, x, dropout_p, philox, bias)
     num_dst = rowptr.size(0) - 1
     out = x.new_empty(num_dst, x.size(1), x.size(2))
     lse = x.new_empty(num_dst, x.size(1), dtype=_lse_dtype(x))
@@ -306,8 +320,8 @@ def _(rowptr, col, s_src, s_dst, s_edge, x, negative_slope, dropout_p, philox, c
 
 @torch.library.register_fake("pyg_multihead_agg::gat_attention_backward")
 def _(rowptr, col, colptr, row, perm, s_src, s_dst, s_edge, x, out, lse, grad_out, grad_lse,
-      negative_slope, dropout_p, philox):
-    _check_gat(rowptr, col, s_src, s_dst, s_edge, x, dropout_p, philox)
+      negative_slope, dropout_p, philox, bias=None):
+    _check_gat(rowptr, col, s_src, s_dst, s_edge, x, dropout_p, philox, bias)
     _check_compressed(colptr, "colptr", row, "row")
     _check_index(perm, "perm")
     torch._check(grad_out.shape == out.shape, lambda: "grad_out must have the shape of out")
@@ -318,26 +332,36 @@ def _(rowptr, col, colptr, row, perm, s_src, s_dst, s_edge, x, out, lse, grad_ou
 
 def _gat_setup_context(ctx, inputs, output):
     (rowptr, col, s_src, s_dst, s_edge, x, negative_slope, dropout_p, philox, colptr, row,
-     perm) = inputs
+     perm, bias) = inputs
     out, lse = output
     ctx.negative_slope, ctx.dropout_p = negative_slope, dropout_p
     ctx.num_src = x.size(0)
+    # out is the biased output (the one tensor of its size kept for the
+    # backward); the backward takes the attention output as out - bias.
     ctx.save_for_backward(rowptr, col, s_src, s_dst, s_edge, x, philox, colptr, row, perm,
-                          out, lse)
+                          out, lse, bias)
 
 
 def _gat_backward(ctx, grad_out, grad_lse):
     (rowptr, col, s_src, s_dst, s_edge, x, philox, colptr, row, perm, out,
-     lse) = ctx.saved_tensors
-    if colptr is None:
-        colptr, row, perm = csr_to_csc(rowptr, col, ctx.num_src)
+     lse, bias) = ctx.saved_tensors
     if grad_out is None:
         grad_out = torch.zeros_like(out)
+    grad_bias = None
+    if bias is not None and ctx.needs_input_grad[12]:
+        # The sum over rows in at least float32 (half types would round every
+        # partial sum).
+        acc = torch.promote_types(grad_out.dtype, torch.float32)
+        grad_bias = grad_out.sum(0, dtype=acc).to(bias.dtype)
+    if not any(ctx.needs_input_grad[2:6]):  # only the bias needs a gradient
+        return (None,) * 12 + (grad_bias,)
+    if colptr is None:
+        colptr, row, perm = csr_to_csc(rowptr, col, ctx.num_src)
     grad_x, grad_src, grad_dst, grad_edge = _ops.gat_attention_backward(
         rowptr, col, colptr, row, perm, s_src, s_dst, s_edge, x, out, lse,
-        grad_out, grad_lse, ctx.negative_slope, ctx.dropout_p, philox)
+        grad_out, grad_lse, ctx.negative_slope, ctx.dropout_p, philox, bias)
     return (None, None, grad_src, grad_dst, grad_edge if s_edge is not None else None, grad_x,
-            None, None, None, None, None, None)
+            None, None, None, None, None, None, grad_bias)
 
 
 torch.library.register_autograd("pyg_multihead_agg::gat_attention", _gat_backward,

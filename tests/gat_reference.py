@@ -6,7 +6,7 @@
   for bit.
 * ``reference_gat_attention``: the float64 forward from differentiable torch
   ops, so that ``torch.autograd`` gives reference gradients (including the
-  gradient through ``lse``).
+  gradient through ``lse`` and that of the optional bias).
 """
 from typing import Optional, Tuple
 
@@ -97,14 +97,15 @@ def edge_rows(rowptr: Tensor) -> Tensor:
 
 def reference_gat_attention(rowptr: Tensor, col: Tensor, s_src: Tensor, s_dst: Tensor, x: Tensor,
                             s_edge: Optional[Tensor] = None, negative_slope: float = 0.2,
-                            dropout: float = 0.0,
-                            philox: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                            dropout: float = 0.0, philox: Optional[Tensor] = None,
+                            bias: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """float64 CPU (out [N_dst, H, D], lse [N_dst, H]) of the fused GAT
     attention, from differentiable torch ops.
 
     Floating inputs are used as given when they are float64 CPU tensors (so
     that gradients reach them), and converted otherwise. Rows without edges
-    give out = 0 and lse = -inf (with zero gradient).
+    give out = 0 (+ bias) and lse = -inf (with zero gradient). ``bias``
+    ([H, D]) is added to every row of out.
     """
     def f64(t):
         if t.dtype == torch.float64 and t.device.type == "cpu":
@@ -142,4 +143,6 @@ def reference_gat_attention(rowptr: Tensor, col: Tensor, s_src: Tensor, s_dst: T
         alpha = alpha * dropout_scale(seed, offset, num_edges, heads, dropout)
     out = torch.zeros(num_dst, heads, x.size(2), dtype=torch.float64).index_add(
         0, rows, alpha.unsqueeze(-1) * x[col])
+    if bias is not None:
+        out = out + f64(bias)
     return out, lse

@@ -93,6 +93,33 @@ def test_autocast_under_compile():
 
 
 @pytest.mark.parametrize("device,dtype", AUTOCAST)
+def test_gat_attention_bias_under_autocast(device, dtype):
+    """gat_attention's autocast kernel casts the bias with x and the scores:
+    float32 inputs give an output in the autocast dtype, and the bias's
+    gradient comes back in float32."""
+    from gat_reference import reference_gat_attention
+    gen = torch.Generator().manual_seed(3)
+    rowptr, col = random_csr(40, 30, 300, device=device, generator=gen)
+    s_src, s_dst = torch.randn(30, 4, generator=gen), torch.randn(40, 4, generator=gen)
+    x, bias = torch.randn(30, 4, 16, generator=gen), torch.randn(4, 16, generator=gen)
+    leaves = [t.to(device).requires_grad_() for t in (s_src, s_dst, x, bias)]
+    s_src, s_dst, x, bias = leaves
+    with torch.autocast(device, dtype=dtype):
+        out, lse = pma.gat_attention(rowptr, col, s_src, s_dst, x, bias=bias)
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    ref_out, _ = reference_gat_attention(rowptr, col, s_src, s_dst, x, bias=bias)
+    assert rel_error(out, ref_out) <= AUTOCAST_TOL[dtype]
+    grad_out = torch.randn(out.shape, generator=gen).to(device, dtype)
+    grads = torch.autograd.grad(out, leaves, grad_out)
+    assert [g.dtype for g in grads] == [torch.float32] * 4
+    # grad_out summed over the rows in float32, rounded to the autocast dtype
+    # (the op's bias dtype), then cast back to the bias's float32.
+    want = grad_out.double().sum(0).to(dtype).float()
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(grads[3], want, rtol=eps, atol=eps)
+
+
+@pytest.mark.parametrize("device,dtype", AUTOCAST)
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_layer_under_autocast(kind, bias, device, dtype):
@@ -119,9 +146,11 @@ def test_layer_under_autocast(kind, bias, device, dtype):
 
     events = op_events(lambda: run())
     out = run()
-    # The fused op's output is in the autocast dtype; adding the float32 bias
-    # promotes it to float32. PyG's own path (edge_index) multiplies float32
-    # attention weights with low-precision messages, so it is float32 anyway.
+    # The fused op's output is in the autocast dtype; the layer adds the
+    # float32 bias after it under autocast (it folds it into the op
+    # otherwise), which promotes to float32 as in PyG. PyG's own path
+    # (edge_index) multiplies float32 attention weights with low-precision
+    # messages, so it is float32 anyway.
     assert out.dtype == (torch.float32 if bias or kind == "edge_index" else dtype)
     assert rel_error(out, want) <= 5e-2
     assert x.grad is not None and torch.isfinite(x.grad).all()

@@ -71,14 +71,16 @@ class Inputs(NamedTuple):
     s_dst: Tensor
     x: Tensor
     s_edge: Optional[Tensor]
+    bias: Optional[Tensor] = None
 
     def floats(self):
         """The differentiable inputs, in the order of gradients returned here."""
-        return [t for t in (self.x, self.s_src, self.s_dst, self.s_edge) if t is not None]
+        return [t for t in (self.x, self.s_src, self.s_dst, self.s_edge, self.bias)
+                if t is not None]
 
 
 def make_inputs(case, dtype=torch.float32, index_dtype=torch.int64, device="cpu", seed=0,
-                with_edge=True, requires_grad=False):
+                with_edge=True, requires_grad=False, with_bias=False):
     num_dst, num_src, num_edges, heads, channels, hub = case
     gen = torch.Generator().manual_seed(seed)
     rowptr, col = random_csr(num_dst, num_src, num_edges, index_dtype=index_dtype,
@@ -92,17 +94,19 @@ def make_inputs(case, dtype=torch.float32, index_dtype=torch.int64, device="cpu"
     s_src, s_dst = rand(num_src, heads), rand(num_dst, heads)
     s_edge = rand(num_edges, heads) if with_edge else None
     x = torch.randn(num_src, heads, channels, generator=gen).to(device, dtype)
-    return Inputs(rowptr, col, s_src, s_dst, x.requires_grad_(requires_grad), s_edge)
+    # (drawn last: the other inputs are those of with_bias=False)
+    bias = rand(heads, channels) if with_bias else None
+    return Inputs(rowptr, col, s_src, s_dst, x.requires_grad_(requires_grad), s_edge, bias)
 
 
 def run_op(inp: Inputs, **kw):
     return pma.gat_attention(inp.rowptr, inp.col, inp.s_src, inp.s_dst, inp.x, s_edge=inp.s_edge,
-                             **kw)
+                             bias=inp.bias, **kw)
 
 
 def run_reference(inp: Inputs, **kw):
     return reference_gat_attention(inp.rowptr, inp.col, inp.s_src, inp.s_dst, inp.x,
-                                   s_edge=inp.s_edge, **kw)
+                                   s_edge=inp.s_edge, bias=inp.bias, **kw)
 
 
 def assert_lse_close(lse, ref, dtype):
@@ -122,21 +126,25 @@ def as_grads(grads, like):
 def assert_grads_close(grads, ref_grads, dtype, names, factor=1):
     for g, r, name in zip(grads, ref_grads, names, strict=True):
         assert g.dtype == dtype, (name, g.dtype)
-        tol = factor * TOLERANCE[dtype] * (1 if name == "x" else S_GRAD_FACTOR[dtype])
+        # grad_bias is grad_out summed over rows (in float32 at least): an
+        # output-like tolerance, as grad_x.
+        tol = factor * TOLERANCE[dtype] * (1 if name in ("x", "bias") else S_GRAD_FACTOR[dtype])
         err = rel_error(g, r)
         assert err <= tol, f"grad {name}: relative error {err:.3g} > {tol:.3g}"
 
 
 def grad_names(inp: Inputs):
-    return ["x", "s_src", "s_dst"] + (["s_edge"] if inp.s_edge is not None else [])
+    return (["x", "s_src", "s_dst"] + (["s_edge"] if inp.s_edge is not None else [])
+            + (["bias"] if inp.bias is not None else []))
 
 
 def reference_grads(inp: Inputs, grad_out, grad_lse, **kw):
     """float64 gradients of <grad_out, out> + <grad_lse, lse> through the
     reference (grad_out / grad_lse None: that output is not used)."""
     leaves = [t.detach().cpu().double().requires_grad_() for t in inp.floats()]
-    ref_inp = Inputs(inp.rowptr, inp.col, leaves[1], leaves[2], leaves[0],
-                     leaves[3] if inp.s_edge is not None else None)
+    named = dict(zip(grad_names(inp), leaves, strict=True))
+    ref_inp = Inputs(inp.rowptr, inp.col, named["s_src"], named["s_dst"], named["x"],
+                     named.get("s_edge"), named.get("bias"))
     out, lse = run_reference(ref_inp, **kw)
     outputs, grads = [], []
     if grad_out is not None:
@@ -346,6 +354,36 @@ def test_forward_matches_reference(case, dtype, index_dtype, with_edge, dropout,
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dropout", [0.0, 0.5], ids=["p0", "p0.5"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_forward_with_bias_matches_reference(case, dtype, dropout, device):
+    """out = attention + bias[h] (the layer's bias folded into the op); lse
+    is that of the op without bias, bit for bit; rows without edges are the
+    bias exactly."""
+    inp = make_inputs(case, dtype, torch.int64, device, seed=CASES.index(case) + 50,
+                      with_bias=True)
+    num_dst, heads, channels = case[0], case[3], case[4]
+    philox = PHILOX if dropout else None
+    poison((num_dst, heads, channels), dtype, device)
+    poison((num_dst, heads), lse_dtype(dtype), device)
+    out, lse = run_op(inp, dropout=dropout, philox=philox)
+    assert out.dtype == dtype and out.device.type == device
+    assert out.shape == (num_dst, heads, channels)
+    ref_out, ref_lse = run_reference(inp, dropout=dropout, philox=philox)
+    err = rel_error(out, ref_out)
+    assert err <= TOLERANCE[dtype], f"out: relative error {err:.3g}"
+    assert_lse_close(lse, ref_lse, dtype)
+    plain_out, plain_lse = run_op(inp._replace(bias=None), dropout=dropout, philox=philox)
+    assert torch.equal(lse, plain_lse)
+    # attention + bias, rounded once (CPU) or twice (CUDA adds in place).
+    expected = (plain_out.double() + inp.bias.double()).to(dtype)
+    assert rel_error(out, expected) <= TOLERANCE[dtype]
+    empty = inp.rowptr.diff() == 0
+    assert torch.equal(out[empty], inp.bias.expand(int(empty.sum()), -1, -1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("heads", range(1, 9))
 @pytest.mark.parametrize("channels", [1, 3, 8, 32, 33, 64, 128])
 def test_forward_heads_channels(heads, channels, device):
@@ -487,17 +525,19 @@ NONFINITE_CASES = [0, 3, 4]  # the all-heads path, the per-head path (D = 33), a
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no_bias", "bias"])
 @pytest.mark.parametrize("case", [CASES[i] for i in NONFINITE_CASES],
                          ids=[CASE_IDS[i] for i in NONFINITE_CASES])
-def test_nonfinite_inputs_propagate(case, device):
+def test_nonfinite_inputs_propagate(case, with_bias, device):
     """NaN and inf in x and the scores give NaN / inf exactly where the float64
     reference has them, and the reference's values elsewhere: a NaN feature
     reaches that feature of every row using the source; a +inf or NaN score
     makes its rows' head NaN (out and lse); a -inf edge score only drops the
     edge; a head whose every score is -inf is NaN (0 / 0); rows without
     edges keep out = 0 and lse = -inf. Covers the one-pass forward's rescaling
-    and, through the hub row, its block-wide merge."""
-    inp = make_inputs(case, torch.float32, device=device, seed=8)
+    and, through the hub row, its block-wide merge. A bias keeps NaN rows NaN
+    and is the whole output of rows without edges."""
+    inp = make_inputs(case, torch.float32, device=device, seed=8, with_bias=with_bias)
     rowptr, col = inp.rowptr.long().cpu(), inp.col.long().cpu()
     deg = rowptr.diff()
     heads = inp.x.size(1)
@@ -559,6 +599,29 @@ def test_backward_matches_reference(case, dtype, index_dtype, with_csc, with_edg
     csc = pma.csr_to_csc(inp.rowptr, inp.col, case[1]) if with_csc else None
     philox = PHILOX if dropout else None
     out, lse = run_op(inp, dropout=dropout, philox=philox, csc=csc)
+    grads = torch.autograd.grad((out, lse), inp.floats(), (grad_out, grad_lse))
+    ref = reference_grads(inp, grad_out, grad_lse, dropout=dropout, philox=philox)
+    assert_grads_close(grads, ref, dtype, grad_names(inp))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("with_csc,with_edge,dropout", [VARIANTS[0], VARIANTS[3]])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_backward_with_bias_matches_reference(case, dtype, with_csc, with_edge, dropout,
+                                              device):
+    """With a bias the op keeps the biased output and the backward takes
+    delta from out - bias: all gradients, the bias's own included, match the
+    reference."""
+    inp = make_inputs(case, dtype, torch.int64, device, seed=CASES.index(case) + 150,
+                      with_edge=with_edge, requires_grad=True, with_bias=True)
+    gen = torch.Generator().manual_seed(13)
+    grad_out = torch.randn(case[0], case[3], case[4], generator=gen).to(device, dtype)
+    grad_lse = torch.randn(case[0], case[3], generator=gen).to(device, lse_dtype(dtype))
+    csc = pma.csr_to_csc(inp.rowptr, inp.col, case[1]) if with_csc else None
+    philox = PHILOX if dropout else None
+    out, lse = run_op(inp, dropout=dropout, philox=philox, csc=csc)
+    poison((case[1], case[3], case[4]), dtype, device)  # for grad_x
     grads = torch.autograd.grad((out, lse), inp.floats(), (grad_out, grad_lse))
     ref = reference_grads(inp, grad_out, grad_lse, dropout=dropout, philox=philox)
     assert_grads_close(grads, ref, dtype, grad_names(inp))
@@ -681,10 +744,10 @@ def _gradcheck_function(inp: Inputs, dropout, philox, csc):
     # lse is -inf on rows without edges: check it on the others.
     empty = (inp.rowptr.diff() == 0).unsqueeze(1)
 
-    def f(x, s_src, s_dst, s_edge):
+    def f(x, s_src, s_dst, s_edge, bias=None):
         out, lse = pma.gat_attention(inp.rowptr, inp.col, s_src, s_dst, x, s_edge=s_edge,
                                      negative_slope=0.2, dropout=dropout, philox=philox,
-                                     csc=csc)
+                                     csc=csc, bias=bias)
         return out, lse.masked_fill(empty, 0)
     return f
 
@@ -700,6 +763,39 @@ def test_gradcheck(dropout, with_csc, index_dtype, device):
     csc = pma.csr_to_csc(inp.rowptr, inp.col, 11) if with_csc else None
     f = _gradcheck_function(inp, dropout, PHILOX if dropout else None, csc)
     assert torch.autograd.gradcheck(f, tuple(inp.floats()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("with_csc", [True, False], ids=["csc", "no_csc"])
+@pytest.mark.parametrize("dropout", [0.0, 0.3], ids=["p0", "p0.3"])
+def test_gradcheck_with_bias(dropout, with_csc, device):
+    """gradcheck through the biased output: the bias's own gradient and the
+    others' (whose delta the backward takes from out - bias)."""
+    inp = make_inputs((12, 11, 30, 3, 4, False), torch.float64, torch.int64, device, seed=16,
+                      requires_grad=True, with_bias=True)
+    assert (inp.rowptr.diff() == 0).any()  # an empty row is part of the check
+    assert inp.bias.requires_grad and len(inp.floats()) == 5
+    csc = pma.csr_to_csc(inp.rowptr, inp.col, 11) if with_csc else None
+    f = _gradcheck_function(inp, dropout, PHILOX if dropout else None, csc)
+    assert torch.autograd.gradcheck(f, tuple(inp.floats()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bias_gradient_alone(device):
+    """Only the bias needs a gradient: grad_out summed over the rows, in
+    float32 for half types; the backward op does not run."""
+    inp = make_inputs(CASES[0], torch.bfloat16, device=device, seed=26, with_bias=True)
+    inp.bias.requires_grad_()
+    out, _ = run_op(inp)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(27))
+    grad_out = grad_out.to(device, out.dtype)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        (grad_bias,) = torch.autograd.grad(out, inp.bias, grad_out)
+    names = {e.name for e in prof.events()}
+    assert "pyg_multihead_agg::gat_attention_backward" not in names
+    assert grad_bias.dtype == torch.bfloat16
+    expected = grad_out.double().sum(0).to(torch.bfloat16)  # rounded once
+    assert torch.equal(grad_bias, expected)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -744,24 +840,57 @@ def test_backward_op_direct(with_edge, with_grad_lse, device):
     assert_grads_close(got, ref, torch.float64, grad_names(inp))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("with_grad_lse", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=dtype_id)
+def test_backward_op_direct_with_bias(dtype, with_grad_lse, device):
+    """The backward op given the biased output and the bias: the reference's
+    gradients, and those of the op given the unbiased output without a bias
+    (the same delta up to rounding)."""
+    inp = make_inputs(CASES[1], dtype, device=device, seed=19, with_bias=True)
+    out, lse = ops.gat_attention(inp.rowptr, inp.col, inp.s_src, inp.s_dst, inp.s_edge, inp.x,
+                                 0.2, 0.5, PHILOX, None, None, None, inp.bias)
+    plain_out, _ = ops.gat_attention(inp.rowptr, inp.col, inp.s_src, inp.s_dst, inp.s_edge,
+                                     inp.x, 0.2, 0.5, PHILOX)
+    grad_out = torch.randn_like(out)
+    grad_lse = torch.randn_like(lse) if with_grad_lse else None
+    colptr, row, perm = pma.csr_to_csc(inp.rowptr, inp.col, inp.x.size(0))
+    common = (inp.rowptr, inp.col, colptr, row, perm, inp.s_src, inp.s_dst, inp.s_edge, inp.x)
+    got = ops.gat_attention_backward(*common, out, lse, grad_out, grad_lse, 0.2, 0.5, PHILOX,
+                                     inp.bias)
+    plain = ops.gat_attention_backward(*common, plain_out, lse, grad_out, grad_lse, 0.2, 0.5,
+                                       PHILOX)
+    names = grad_names(inp)[:-1]  # the op returns no bias gradient
+    ref = reference_grads(inp, grad_out, grad_lse, dropout=0.5, philox=PHILOX)[:-1]
+    assert_grads_close(list(got), ref, dtype, names)
+    assert_grads_close(list(got), [p.double() for p in plain], dtype, names)
+    # Without the bias the op would take the biased output for the attention:
+    # the score gradients are then wrong, which the bias argument prevents.
+    wrong = ops.gat_attention_backward(*common, out, lse, grad_out, grad_lse, 0.2, 0.5, PHILOX)
+    assert rel_error(wrong[1], ref[1]) > 1e-2
+
+
 def _opcheck_samples(device, index_dtype, dtype, case):
-    for with_edge, dropout in ((False, 0.0), (True, 0.3)):
+    for with_edge, dropout, with_bias in ((False, 0.0, False), (True, 0.3, False),
+                                          (True, 0.3, True)):
         inp = make_inputs(case, dtype, index_dtype, device, seed=20, with_edge=with_edge,
-                          requires_grad=True)
+                          requires_grad=True, with_bias=with_bias)
         philox = PHILOX if dropout else None
         colptr, row, perm = pma.csr_to_csc(inp.rowptr, inp.col, case[1])
         args = (inp.rowptr, inp.col, inp.s_src, inp.s_dst, inp.s_edge, inp.x, 0.2, dropout,
                 philox)
-        yield "gat_attention", args
-        yield "gat_attention", (*args, colptr, row, perm)
+        bias = () if inp.bias is None else (inp.bias,)  # the last argument, when given
+        yield "gat_attention", ((*args, None, None, None, *bias) if bias else args)
+        yield "gat_attention", (*args, colptr, row, perm, *bias)
         with torch.no_grad():
-            out, lse = ops.gat_attention(*args)
+            out, lse = ops.gat_attention(*args, None, None, None, *bias)
         detached = [None if t is None else t.detach()
                     for t in (inp.s_src, inp.s_dst, inp.s_edge, inp.x)]
         grad_out, grad_lse = torch.randn_like(out), torch.randn_like(lse)
         for gl in (grad_lse, None):
             yield "gat_attention_backward", (inp.rowptr, inp.col, colptr, row, perm, *detached,
-                                             out, lse, grad_out, gl, 0.2, dropout, philox)
+                                             out, lse, grad_out, gl, 0.2, dropout, philox,
+                                             *(t.detach() for t in bias))
 
 
 # Each configuration costs a few seconds (opcheck traces the op several
@@ -784,7 +913,7 @@ def test_opcheck(index_dtype, dtype, case, device):
     for name, args in _opcheck_samples(device, index_dtype, dtype, case):
         torch.library.opcheck(getattr(ops, name), args)
         count += 1
-    assert count == 8
+    assert count == 12
 
 
 # ---------------------------------------------------------------------------
@@ -824,6 +953,40 @@ def test_compile_fullgraph_matches_eager(dropout, dynamic, backend, device):
         eager_grads = torch.autograd.grad(eager, inp.floats())
         out = compiled(*args)
         grads = torch.autograd.grad(out, inp.floats())
+        torch.testing.assert_close(out, eager)
+        for g, e in zip(grads, eager_grads, strict=True):
+            torch.testing.assert_close(g, e)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("concat", [True, False], ids=["concat", "mean"])
+def test_compile_fullgraph_with_bias(concat, dynamic, device):
+    """A bias in the compiled graph (a view of a [H * D] parameter, or a
+    [D] one expanded over the heads, as the layer passes it): outputs and
+    gradients, the bias's included, as in eager."""
+    torch._dynamo.reset()
+
+    def model(rowptr, col, s_src, s_dst, x, s_edge, bias, philox):
+        heads, channels = x.shape[1:]
+        b = bias.view(heads, channels) if concat else bias.expand(heads, channels)
+        out, lse = pma.gat_attention(rowptr, col, s_src, s_dst, x, s_edge=s_edge, dropout=0.3,
+                                     philox=philox, bias=b)
+        out = out.flatten(1) if concat else out.mean(1)
+        return torch.nn.functional.elu(out).square().sum() + lse.masked_fill(lse.isinf(), 0).sum()
+
+    compiled = torch.compile(model, fullgraph=True, dynamic=dynamic, backend="aot_eager")
+    for seed, case in enumerate([(30, 25, 150, 4, 8, False), (41, 33, 260, 4, 8, True)]):
+        inp = make_inputs(case, device=device, seed=seed, requires_grad=True)
+        gen = torch.Generator().manual_seed(seed + 40)
+        bias = torch.randn(case[3] * case[4] if concat else case[4], generator=gen)
+        bias = bias.to(device).requires_grad_()
+        args = (inp.rowptr, inp.col, inp.s_src, inp.s_dst, inp.x, inp.s_edge, bias, PHILOX)
+        leaves = [*inp.floats(), bias]
+        eager = model(*args)
+        eager_grads = torch.autograd.grad(eager, leaves)
+        out = compiled(*args)
+        grads = torch.autograd.grad(out, leaves)
         torch.testing.assert_close(out, eager)
         for g, e in zip(grads, eager_grads, strict=True):
             torch.testing.assert_close(g, e)
@@ -1021,6 +1184,70 @@ def test_bad_shapes_under_fake_tensors(case):
     assert words[0] in str(info.value)
 
 
+def good_bias(device):
+    return torch.randn(2, 3, generator=torch.Generator().manual_seed(28)).to(device)
+
+
+# (id, bias of the good inputs (H = 2, D = 3) -> a bad one, words)
+BIAS_CASES = [
+    ("bias_shape", lambda b: torch.cat([b, b[:, :1]], 1), ["bias", "shape [2, 3]", "heads"]),
+    ("bias_heads", lambda b: b[:1], ["bias", "shape [2, 3]"]),
+    ("bias_flat", lambda b: b.flatten(), ["bias", "2 dimensions"]),
+    ("bias_3d", lambda b: b[None], ["bias", "2 dimensions"]),
+    ("bias_dtype", lambda b: b.double(), ["bias", "x", "same dtype"]),
+    ("bias_half", lambda b: b.half(), ["bias", "x", "same dtype"]),
+    ("bias_int", lambda b: b.long(), ["bias", "float"]),
+    ("bias_device", lambda b: b.to("meta") if b.device.type == "cpu" else b.cpu(),
+     ["bias", "x", "same device"]),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", BIAS_CASES, ids=[c[0] for c in BIAS_CASES])
+def test_bad_bias(case, device):
+    """The forward op, the wrapper and the backward op reject a bias of the
+    wrong shape, dtype or device, naming it."""
+    _, breaker, words = case
+    inp = good(device)
+    bias = breaker(good_bias(device))
+    calls = [
+        lambda: run_op(inp._replace(bias=bias)),
+        lambda: ops.gat_attention(inp.rowptr, inp.col, inp.s_src, inp.s_dst, inp.s_edge, inp.x,
+                                  0.2, 0.0, None, None, None, None, bias),
+        lambda: ops.gat_attention_backward(*{**_backward_args(device), "bias": bias}.values()),
+    ]
+    for call in calls:
+        with pytest.raises(RuntimeError) as info:
+            call()
+        for word in words:
+            assert word in str(info.value), (word, str(info.value))
+    assert_still_works(device)
+
+
+@pytest.mark.parametrize("case", BIAS_CASES, ids=[c[0] for c in BIAS_CASES])
+def test_bad_bias_under_fake_tensors(case):
+    """The fake implementations reject the same biases (torch.compile path)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    _, breaker, words = case
+    inp, bias = good("cpu"), breaker(good_bias("cpu"))
+    args = _backward_args("cpu")
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = Inputs(*(None if t is None else mode.from_tensor(t) for t in inp))
+        fake_bias = mode.from_tensor(bias)
+        fake_args = {k: mode.from_tensor(v) if isinstance(v, Tensor) and k != "philox" else v
+                     for k, v in args.items()}
+        fake_args["bias"] = fake_bias
+        for call in (
+                lambda: ops.gat_attention(fake.rowptr, fake.col, fake.s_src, fake.s_dst,
+                                          fake.s_edge, fake.x, 0.2, 0.0, None, None, None, None,
+                                          fake_bias),
+                lambda: ops.gat_attention_backward(*fake_args.values())):
+            with pytest.raises(RuntimeError) as info:
+                call()
+            for word in words:
+                assert word in str(info.value), (word, str(info.value))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dropout", [-0.1, 1.5, float("nan")])
 def test_dropout_outside_unit_interval(dropout, device):
@@ -1077,7 +1304,7 @@ def _backward_args(device):
     return dict(rowptr=inp.rowptr, col=inp.col, colptr=colptr, row=row, perm=perm,
                 s_src=inp.s_src, s_dst=inp.s_dst, s_edge=inp.s_edge, x=inp.x, out=out, lse=lse,
                 grad_out=torch.randn_like(out), grad_lse=torch.randn_like(lse),
-                negative_slope=0.2, dropout_p=0.5, philox=PHILOX)
+                negative_slope=0.2, dropout_p=0.5, philox=PHILOX, bias=None)
 
 
 # (id, changes to the backward op's arguments, words)

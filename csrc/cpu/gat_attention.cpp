@@ -4,7 +4,8 @@
 // two-pass softmax over the row's edges, all heads of an edge together:
 // pass 1 takes the maximum logit per head, pass 2 accumulates
 // exp(l - max) (the softmax denominator) and exp(l - max) * m * x[j], and the
-// row is normalised at the end. float32 accumulation for half types.
+// row is normalised at the end, and the optional bias added to it before the
+// one rounding to the output dtype. float32 accumulation for half types.
 //
 // Backward: the attention is recomputed from lse and the dropout mask is
 // regenerated from Philox. Sources in parallel over the CSC give grad_x and
@@ -67,11 +68,14 @@ std::tuple<at::Tensor, at::Tensor> gat_attention_cpu(
     const at::Tensor& s_dst, const std::optional<at::Tensor>& s_edge, const at::Tensor& x,
     double negative_slope, double dropout_p, const std::optional<at::Tensor>& philox,
     const std::optional<at::Tensor>& /*colptr*/, const std::optional<at::Tensor>& /*row*/,
-    const std::optional<at::Tensor>& /*perm*/) {
-  const GatShape s = check_gat_attention(rowptr, col, s_src, s_dst, s_edge, x, dropout_p, philox);
+    const std::optional<at::Tensor>& /*perm*/, const std::optional<at::Tensor>& bias) {
+  const GatShape s =
+      check_gat_attention(rowptr, col, s_src, s_dst, s_edge, x, dropout_p, philox, bias);
   TORCH_CHECK(x.device().is_cpu(), "x must be a CPU tensor for the CPU kernel");
   const int64_t N_dst = s.N_dst, N_src = s.N_src, E = s.E, H = s.H, D = s.D, HD = H * D;
   const bool has_edge = s_edge.has_value() && s_edge->defined();
+  const bool has_bias = bias.has_value() && bias->defined();
+  const auto bias_c = has_bias ? bias->contiguous() : at::Tensor();
   const auto rowptr_c = rowptr.contiguous(), col_c = col.contiguous();
   const auto s_src_c = s_src.contiguous(), s_dst_c = s_dst.contiguous();
   const auto s_edge_c = has_edge ? s_edge->contiguous() : at::Tensor();
@@ -90,6 +94,13 @@ std::tuple<at::Tensor, at::Tensor> gat_attention_cpu(
       const scalar_t* sdp = s_dst_c.data_ptr<scalar_t>();
       const scalar_t* sep = has_edge ? s_edge_c.data_ptr<scalar_t>() : nullptr;
       const scalar_t* xp = x_c.data_ptr<scalar_t>();
+      // bias[h * D + d] in acc_t (zeros without a bias).
+      std::vector<acc_t> bias_acc(HD, acc_t(0));
+      if (has_bias) {
+        const scalar_t* bp = bias_c.data_ptr<scalar_t>();
+        for (int64_t f = 0; f < HD; ++f) bias_acc[f] = static_cast<acc_t>(bp[f]);
+      }
+      const acc_t* ba = bias_acc.data();
       scalar_t* op = out.data_ptr<scalar_t>();
       acc_t* lp = lse.data_ptr<acc_t>();
       const acc_t slope = static_cast<acc_t>(negative_slope);
@@ -104,8 +115,8 @@ std::tuple<at::Tensor, at::Tensor> gat_attention_cpu(
           cpu::check_range(lo, hi, E, "rowptr", i);
           scalar_t* o = op + i * HD;
           acc_t* l_out = lp + i * H;
-          if (lo == hi) {  // no edges: out = 0, lse = -inf
-            std::fill(o, o + HD, scalar_t(0));
+          if (lo == hi) {  // no edges: out = 0 (+ bias), lse = -inf
+            for (int64_t f = 0; f < HD; ++f) o[f] = static_cast<scalar_t>(ba[f]);
             std::fill(l_out, l_out + H, -std::numeric_limits<acc_t>::infinity());
             continue;
           }
@@ -148,8 +159,9 @@ std::tuple<at::Tensor, at::Tensor> gat_attention_cpu(
             const acc_t inv = acc_t(1) / row_sum[h];
             l_out[h] = row_max[h] + std::log(row_sum[h]);
             const acc_t* a = acc.data() + h * D;
+            const acc_t* bh = ba + h * D;
             scalar_t* oh = o + h * D;
-            for (int64_t d = 0; d < D; ++d) oh[d] = static_cast<scalar_t>(a[d] * inv);
+            for (int64_t d = 0; d < D; ++d) oh[d] = static_cast<scalar_t>(a[d] * inv + bh[d]);
           }
         }
       });
@@ -164,14 +176,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backwar
     const at::Tensor& s_dst, const std::optional<at::Tensor>& s_edge, const at::Tensor& x,
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out,
     const std::optional<at::Tensor>& grad_lse, double negative_slope, double dropout_p,
-    const std::optional<at::Tensor>& philox) {
+    const std::optional<at::Tensor>& philox, const std::optional<at::Tensor>& bias) {
   const GatShape s = check_gat_attention_backward(rowptr, col, colptr, row, perm, s_src, s_dst,
                                                   s_edge, x, out, lse, grad_out, grad_lse,
-                                                  dropout_p, philox);
+                                                  dropout_p, philox, bias);
   TORCH_CHECK(x.device().is_cpu(), "x must be a CPU tensor for the CPU kernel");
   const int64_t N_dst = s.N_dst, N_src = s.N_src, E = s.E, H = s.H, D = s.D, HD = H * D;
   const bool has_edge = s_edge.has_value() && s_edge->defined();
   const bool has_grad_lse = grad_lse.has_value() && grad_lse->defined();
+  const bool has_bias = bias.has_value() && bias->defined();
+  const auto bias_c = has_bias ? bias->contiguous() : at::Tensor();
   const auto rowptr_c = rowptr.contiguous(), col_c = col.contiguous();
   const auto colptr_c = colptr.contiguous(), row_c = row.contiguous(), perm_c = perm.contiguous();
   const auto s_src_c = s_src.contiguous(), s_dst_c = s_dst.contiguous();
@@ -185,9 +199,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backwar
   auto grad_x = at::empty({N_src, H, D}, x.options());
   auto grad_s_src = at::empty({N_src, H}, x.options());
   auto grad_s_dst = at::empty({N_dst, H}, x.options());
-  // delta[i, h] = <grad_out[i, h], out[i, h]>, and grad_z per edge. gz is
-  // zero-filled: should perm not be a permutation, an edge it misses reads
-  // 0 rather than uninitialised memory.
+  // delta[i, h] = <grad_out[i, h], out[i, h] - bias[h]> (out is the biased
+  // output), and grad_z per edge. gz is zero-filled: should perm not be a
+  // permutation, an edge it misses reads 0 rather than uninitialised memory.
   auto delta = at::empty({N_dst, H}, acc_options);
   auto gz = at::zeros({E, H}, acc_options);
 
@@ -204,6 +218,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backwar
       const scalar_t* sep = has_edge ? s_edge_c.data_ptr<scalar_t>() : nullptr;
       const scalar_t* xp = x_c.data_ptr<scalar_t>();
       const scalar_t* outp = out_c.data_ptr<scalar_t>();
+      const scalar_t* bp = has_bias ? bias_c.data_ptr<scalar_t>() : nullptr;
       const scalar_t* gop = go.data_ptr<scalar_t>();
       const acc_t* lp = lse_c.data_ptr<acc_t>();
       const acc_t* glp = has_grad_lse ? glse_c.data_ptr<acc_t>() : nullptr;
@@ -227,7 +242,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backwar
             const scalar_t* g = gop + i * HD + h * D;
             const scalar_t* o = outp + i * HD + h * D;
             acc_t dot = 0;
-            for (int64_t d = 0; d < D; ++d) dot += static_cast<acc_t>(g[d]) * static_cast<acc_t>(o[d]);
+            if (bp == nullptr) {
+              for (int64_t d = 0; d < D; ++d)
+                dot += static_cast<acc_t>(g[d]) * static_cast<acc_t>(o[d]);
+            } else {  // the attention output: out - bias, in acc_t
+              const scalar_t* b = bp + h * D;
+              for (int64_t d = 0; d < D; ++d)
+                dot += static_cast<acc_t>(g[d]) *
+                       (static_cast<acc_t>(o[d]) - static_cast<acc_t>(b[d]));
+            }
             dp[i * H + h] = dot;
           }
         }

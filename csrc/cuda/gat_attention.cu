@@ -86,6 +86,7 @@ struct GatParams {
   const acc_t* lse_in;       // backward: [N_dst, H]
   const acc_t* delta;        // backward: [N_dst, H]
   const acc_t* grad_lse;     // backward: [N_dst, H] or nullptr
+  const scalar_t* bias;      // [H, D] or nullptr (backward: delta from out - bias)
   scalar_t* out;             // forward: [N_dst, H, D]; backward: grad_x [N_src, H, D]
   acc_t* lse_out;            // forward: [N_dst, H]
   scalar_t* grad_s_src;      // backward: [N_src, H]
@@ -195,6 +196,25 @@ __device__ __forceinline__ at::opmath_type<scalar_t> head_dot(const Vec<scalar_t
 #pragma unroll
     for (int v = 0; v < V; ++v)
       dot += static_cast<acc_t>(a[k].val[v]) * static_cast<acc_t>(b[k].val[v]);
+  for (int off = G >> 1; off > 0; off >>= 1) dot += __shfl_xor_sync(mask, dot, off);
+  return dot;
+}
+
+// <a, b - c> over one head's features, c the bias (zeros without one, when
+// b - c = b exactly and this is head_dot(a, b)): the order of head_dot, the
+// difference taken in acc_t.
+template <typename scalar_t, int V, int VPL>
+__device__ __forceinline__ at::opmath_type<scalar_t> head_dot_minus(
+    const Vec<scalar_t, V> (&a)[VPL], const Vec<scalar_t, V> (&b)[VPL],
+    const Vec<scalar_t, V> (&c)[VPL], int G, unsigned mask) {
+  using acc_t = at::opmath_type<scalar_t>;
+  acc_t dot = 0;
+#pragma unroll
+  for (int k = 0; k < VPL; ++k)
+#pragma unroll
+    for (int v = 0; v < V; ++v)
+      dot += static_cast<acc_t>(a[k].val[v]) *
+             (static_cast<acc_t>(b[k].val[v]) - static_cast<acc_t>(c[k].val[v]));
   for (int off = G >> 1; off > 0; off >>= 1) dot += __shfl_xor_sync(mask, dot, off);
   return dot;
 }
@@ -497,6 +517,22 @@ __device__ __forceinline__ at::opmath_type<scalar_t> vec_dot(const Vec<scalar_t,
   acc_t d = 0;
 #pragma unroll
   for (int v = 0; v < V; ++v) d += static_cast<acc_t>(a.val[v]) * static_cast<acc_t>(b.val[v]);
+  return d;
+}
+
+// <a, b - c> of one lane's vector in element order, the difference in acc_t:
+// the aux kernel's delta from the biased output b and the bias c (zeros
+// without one, when b - c = b exactly and this is vec_dot(a, b)).
+template <typename scalar_t, int V>
+__device__ __forceinline__ at::opmath_type<scalar_t> vec_dot_minus(const Vec<scalar_t, V>& a,
+                                                                   const Vec<scalar_t, V>& b,
+                                                                   const Vec<scalar_t, V>& c) {
+  using acc_t = at::opmath_type<scalar_t>;
+  acc_t d = 0;
+#pragma unroll
+  for (int v = 0; v < V; ++v)
+    d += static_cast<acc_t>(a.val[v]) *
+         (static_cast<acc_t>(b.val[v]) - static_cast<acc_t>(c.val[v]));
   return d;
 }
 
@@ -830,8 +866,10 @@ __global__ void __launch_bounds__(kBackwardThreads, backward_min_blocks<scalar_t
 }
 
 // aux[i, h] = (s_dst, lse, delta - grad_lse) with delta[i, h] = <grad_out[i, h],
-// out[i, h]>, one group per destination row, in the lane layout of
-// gat_backward_rows_kernel (vec_dot, then lanes_sum).
+// out[i, h] - bias[h]>, one group per destination row, in the lane layout of
+// gat_backward_rows_kernel (vec_dot, then lanes_sum; without a bias the
+// subtracted vector is zero, so a single-edge row's delta is still its dot
+// bit for bit).
 template <typename scalar_t, typename index_t, int V, int VPL>
 __global__ void __launch_bounds__(kThreads)
     gat_aux_kernel(const GatParams<scalar_t, index_t> p, const scalar_t* __restrict__ out,
@@ -850,7 +888,8 @@ __global__ void __launch_bounds__(kThreads)
       const auto g = m.valid[k] ? load_vec<scalar_t, V>(p.grad_out + offset)
                                 : zero_vec<scalar_t, V>();
       const auto o = m.valid[k] ? load_vec<scalar_t, V>(out + offset) : zero_vec<scalar_t, V>();
-      const acc_t d = lanes_sum(vec_dot<scalar_t, V>(g, o), p.S, mask);
+      const auto b = load_vec_if<scalar_t, V>(m.valid[k] && p.bias != nullptr, p.bias + m.feat[k]);
+      const acc_t d = lanes_sum(vec_dot_minus<scalar_t, V>(g, o, b), p.S, mask);
       if (leader && m.valid[k]) {
         const int64_t ih = i * p.H + m.head[k];
         RowAux<acc_t> a;
@@ -1268,8 +1307,9 @@ __global__ void __launch_bounds__(kThreads, VPL >= 4 ? 1 : 2)
   for_each_work_item(p.ptr, p.num_edges, wl, G, 1, short_row, long_row);
 }
 
-// delta[i, h] = <grad_out[i, h, :], out[i, h, :]>, one group per (row, head)
-// with the lane layout of the backward kernel (see head_dot).
+// delta[i, h] = <grad_out[i, h, :], out[i, h, :] - bias[h, :]>, one group per
+// (row, head) with the lane layout of the backward kernel (see head_dot and
+// head_dot_minus).
 template <typename scalar_t, typename index_t, int V, int VPL>
 __global__ void __launch_bounds__(kThreads)
     gat_delta_kernel(const GatParams<scalar_t, index_t> p, const scalar_t* __restrict__ out,
@@ -1282,15 +1322,18 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t item = blockIdx.x * static_cast<int64_t>(kThreads / G) + threadIdx.x / G;
        item < num_items; item += groups) {  // the bound is group-uniform
     const int64_t offset = item * p.D;  // [i, h, 0] of a [N_dst, H, D] tensor
-    Vec<scalar_t, V> g[VPL], o[VPL];
+    const int64_t bias_offset = (item % p.H) * p.D;  // [h, 0] of the bias [H, D]
+    Vec<scalar_t, V> g[VPL], o[VPL], b[VPL];
 #pragma unroll
     for (int k = 0; k < VPL; ++k) {
       g[k] = m.valid[k] ? load_vec<scalar_t, V>(p.grad_out + offset + m.feat[k])
                         : zero_vec<scalar_t, V>();
       o[k] = m.valid[k] ? load_vec<scalar_t, V>(out + offset + m.feat[k])
                         : zero_vec<scalar_t, V>();
+      b[k] = load_vec_if<scalar_t, V>(m.valid[k] && p.bias != nullptr,
+                                      p.bias + bias_offset + m.feat[k]);
     }
-    const auto d = head_dot<scalar_t, V, VPL>(g, o, G, mask);
+    const auto d = head_dot_minus<scalar_t, V, VPL>(g, o, b, G, mask);
     if (lane == 0) delta[item] = d;
   }
 }
@@ -1556,16 +1599,19 @@ std::tuple<at::Tensor, at::Tensor> gat_attention_cuda(
     const at::Tensor& s_dst, const std::optional<at::Tensor>& s_edge, const at::Tensor& x,
     double negative_slope, double dropout_p, const std::optional<at::Tensor>& philox,
     const std::optional<at::Tensor>& /*colptr*/, const std::optional<at::Tensor>& /*row*/,
-    const std::optional<at::Tensor>& /*perm*/) {
-  const auto s = check_gat_attention(rowptr, col, s_src, s_dst, s_edge, x, dropout_p, philox);
+    const std::optional<at::Tensor>& /*perm*/, const std::optional<at::Tensor>& bias) {
+  const auto s =
+      check_gat_attention(rowptr, col, s_src, s_dst, s_edge, x, dropout_p, philox, bias);
   TORCH_CHECK(x.is_cuda(), "x must be a CUDA tensor for the CUDA kernel");
   const c10::cuda::CUDAGuard guard(x.device());
   TORCH_CHECK(s.H * s.D <= INT_MAX, "heads * channels must be below 2^31");
   const auto lse_dtype = at::toOpMathType(x.scalar_type());
+  const bool has_bias = bias.has_value() && bias->defined();
   if (s.N_dst == 0 || s.H == 0 || s.E == 0) {
-    return {at::zeros({s.N_dst, s.H, s.D}, x.options()),
-            at::full({s.N_dst, s.H}, -std::numeric_limits<double>::infinity(),
-                     x.options().dtype(lse_dtype))};
+    auto out = at::zeros({s.N_dst, s.H, s.D}, x.options());
+    if (has_bias) out.add_(*bias);
+    return {out, at::full({s.N_dst, s.H}, -std::numeric_limits<double>::infinity(),
+                          x.options().dtype(lse_dtype))};
   }
   // Every row is written by the kernel (rows without edges get zeros, -inf).
   auto out = at::empty({s.N_dst, s.H, s.D}, x.options());
@@ -1598,6 +1644,10 @@ std::tuple<at::Tensor, at::Tensor> gat_attention_cuda(
       launch_gat_forward(p, rowptr.options());
     });
   });
+  // The bias: one in-place elementwise pass over out (the kernels' long rows
+  // store through block_reduce_store, shared with multihead_spmm). No second
+  // [N_dst, H, D] tensor; NaN rows stay NaN, rows without edges get bias.
+  if (has_bias) out.add_(*bias);
   return {out, lse};
 }
 
@@ -1607,10 +1657,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backwar
     const at::Tensor& s_dst, const std::optional<at::Tensor>& s_edge, const at::Tensor& x,
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out,
     const std::optional<at::Tensor>& grad_lse, double negative_slope, double dropout_p,
-    const std::optional<at::Tensor>& philox) {
+    const std::optional<at::Tensor>& philox, const std::optional<at::Tensor>& bias) {
   const auto s = check_gat_attention_backward(rowptr, col, colptr, row, perm, s_src, s_dst,
                                               s_edge, x, out, lse, grad_out, grad_lse, dropout_p,
-                                              philox);
+                                              philox, bias);
   TORCH_CHECK(x.is_cuda(), "x must be a CUDA tensor for the CUDA kernel");
   const c10::cuda::CUDAGuard guard(x.device());
   const bool has_edge = s_edge.has_value() && s_edge->defined();
@@ -1634,6 +1684,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backwar
   const auto row_c = row.contiguous(), perm_c = perm.contiguous();
   const auto src_c = s_src.contiguous(), dst_c = s_dst.contiguous(), x_c = x.contiguous();
   const auto edge_c = has_edge ? s_edge->contiguous() : at::Tensor();
+  // The bias, contiguous and 16-byte aligned for the delta kernels' vector
+  // loads (a copy of [H, D] elements when it is not).
+  at::Tensor bias_c;
+  if (bias.has_value() && bias->defined()) {
+    bias_c = bias->contiguous();
+    if (!is_aligned(bias_c.data_ptr(), 16)) bias_c = bias_c.clone();
+  }
   FLOAT_SWITCH(x.scalar_type(), "gat_attention_backward", [&] {
     INDEX_SWITCH(rowptr.scalar_type(), "gat_attention_backward", [&] {
       using acc_t = at::opmath_type<scalar_t>;
@@ -1648,6 +1705,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backwar
       p.grad_out = go.data_ptr<scalar_t>();
       p.lse_in = lse_c.data_ptr<acc_t>();
       p.grad_lse = has_glse ? glse_c.data_ptr<acc_t>() : nullptr;
+      p.bias = bias_c.defined() ? bias_c.data_ptr<scalar_t>() : nullptr;
       p.out = grad_x.data_ptr<scalar_t>();
       p.grad_s_src = grad_src.data_ptr<scalar_t>();
       p.grad_z = grad_z.data_ptr<acc_t>();

@@ -287,8 +287,8 @@ class GATConv(PyGGATConv):
                        edge_attr: OptTensor, size: Size,
                        return_attention_weights: Optional[bool]):
         # PyG's GATConv.forward with edge_updater + propagate replaced by one
-        # call of the fused attention op; the projections, residual, bias and
-        # the size checks are PyG's own.
+        # call of the fused attention op (which adds the bias too); the
+        # projections, residual and the size checks are PyG's own.
         H, C = self.heads, self.out_channels
         res: Optional[Tensor] = None
         if isinstance(x, Tensor):
@@ -342,18 +342,34 @@ class GATConv(PyGGATConv):
         if alpha_dst is None:
             alpha_dst = alpha_src.new_zeros(num_dst, H)
 
+        # The bias goes into the op, which returns attention + bias and keeps
+        # that one [N, H * C] tensor for its backward (instead of the
+        # attention output and, here, a biased copy). Per head [H, C]: with
+        # concat=False every head gets the whole bias, and the mean over the
+        # heads of (out_h + bias) is mean(out_h) + bias. The residual is added
+        # after, as PyG adds it before the bias: the same sum in another
+        # order. Under autocast the bias is added here instead, in float32,
+        # so that the output is float32 as PyG's.
+        bias: OptTensor = None
+        fold_bias = self.bias is not None and not torch.is_autocast_enabled(
+            x_src.device.type)
+        if fold_bias:
+            bias = self.bias.view(H, C) if self.concat else self.bias.expand(H, C)
+            bias = bias.to(x_src.dtype)
+
         need_csc = torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (x_src, alpha_src, alpha_dst, alpha_edge))
+            t is not None and t.requires_grad
+            for t in (x_src, alpha_src, alpha_dst, alpha_edge, bias))
         rowptr, col, csc = self._csr_csc(edge_index, num_src, num_dst, need_csc)
         out, lse = ops.gat_attention(
             rowptr, col, alpha_src, alpha_dst, x_src, s_edge=alpha_edge,
             negative_slope=self.negative_slope,
-            dropout=self.dropout if self.training else 0.0, csc=csc)
+            dropout=self.dropout if self.training else 0.0, csc=csc, bias=bias)
 
         out = out.view(-1, H * C) if self.concat else out.mean(dim=1)
         if res is not None:
             out = out + res
-        if self.bias is not None:
+        if self.bias is not None and not fold_bias:
             out = out + self.bias
         if not return_attention_weights:
             return out
