@@ -806,7 +806,7 @@ __device__ __forceinline__ void backward_row_transposed(
 }
 
 #ifndef PMA_TRANSPOSED_MIN_BLOCKS
-#define PMA_TRANSPOSED_MIN_BLOCKS 4
+#define PMA_TRANSPOSED_MIN_BLOCKS 5
 #endif
 
 // Blocks of 128 threads: the kernel has no block-wide step (slices replace
@@ -1213,10 +1213,21 @@ __device__ __forceinline__ void attend_heads_online(at::opmath_type<scalar_t> (&
   }
 }
 
+// Resident blocks per SM asked of ptxas for gat_forward_rows_kernel: 2
+// (128 registers), 1 with four vectors per lane, and
+// PMA_FORWARD_TRANSPOSED_MIN_BLOCKS for the transposed variants.
+#ifndef PMA_FORWARD_TRANSPOSED_MIN_BLOCKS
+#define PMA_FORWARD_TRANSPOSED_MIN_BLOCKS 3
+#endif
+template <int VPL, int kS>
+constexpr int forward_rows_min_blocks() {
+  return VPL >= 4 ? 1 : (kS != 0 ? PMA_FORWARD_TRANSPOSED_MIN_BLOCKS : 2);
+}
+
 // kS = 4 or 8: the two-pass rows' second pass by attend_heads_transposed
 // (one vector per lane); kS = 0: attend_heads.
 template <typename scalar_t, typename index_t, int V, int VPL, int kS>
-__global__ void __launch_bounds__(kThreads, VPL >= 4 ? 1 : 2)
+__global__ void __launch_bounds__(kThreads, forward_rows_min_blocks<VPL, kS>())
     gat_forward_rows_kernel(const GatParams<scalar_t, index_t> p, const WorkList wl) {
   using acc_t = at::opmath_type<scalar_t>;
   __shared__ acc_t red[kThreads * VPL * V];
