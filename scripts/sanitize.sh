@@ -83,6 +83,9 @@ GAT=(
   "$G::test_backward_matches_reference[25x25-E60-H2-D33-float32-int32-no_csc-s_edge-p0.5-cuda]"
   "$G::test_backward_matches_reference[8x50-E400-H8-D64-hub-float32-int32-no_csc-s_edge-p0.5-cuda]"
   "$G::test_backward_matches_reference[60x6-E800-H3-D16-float32-int32-no_csc-s_edge-p0.5-cuda]"
+  "$G::test_forward_with_bias_matches_reference[8x50-E400-H8-D64-hub-bfloat16-p0.5-cuda]"
+  "$G::test_backward_with_bias_matches_reference[8x50-E400-H8-D64-hub-float32-no_csc-s_edge-p0.5-cuda]"
+  "$G::test_backward_with_bias_matches_reference[60x6-E800-H3-D16-float32-csc-s_edge-p0-cuda]"
 )
 # The transposed dot-product kernels (heads of 8 and 4 lanes: float32 D = 32,
 # bf16 D = 32, float32 D = 16) against the per-lane ones, hub included.
