@@ -503,13 +503,14 @@ __device__ __forceinline__ void dot_entries_transposed(at::opmath_type<scalar_t>
 constexpr int kDotThreads = 128;
 
 #ifndef PMA_DOT_TRANSPOSED_MIN_BLOCKS
-#define PMA_DOT_TRANSPOSED_MIN_BLOCKS 6
+#define PMA_DOT_TRANSPOSED_MIN_BLOCKS 5
 #endif
 template <typename scalar_t, int VPL, int kS>
 constexpr int dot_min_blocks() {
-  // The transposed variants: float32 at PMA_DOT_TRANSPOSED_MIN_BLOCKS (5: 96
-  // registers, 32 bytes of spill; 6: 80 registers, 120-144 bytes), the
-  // others at 128 registers (none).
+  // The transposed variants: float32 at PMA_DOT_TRANSPOSED_MIN_BLOCKS = 5 (96
+  // registers, 32 bytes of spill; 6 blocks, 80 registers and 120-144 bytes,
+  // measured 1.5-5% slower on the H200, session 7), the others at 128
+  // registers (none).
   if (kS != 0) return sizeof(scalar_t) == 4 ? PMA_DOT_TRANSPOSED_MIN_BLOCKS : 4;
   // float32, one vector per lane: 96 registers, 5 blocks = 20 warps; half
   // types with two vectors per lane would spill ~140 bytes under 128
