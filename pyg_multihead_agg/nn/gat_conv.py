@@ -357,9 +357,9 @@ class GATConv(PyGGATConv):
             bias = self.bias.view(H, C) if self.concat else self.bias.expand(H, C)
             bias = bias.to(x_src.dtype)
 
+        # (The bias's gradient alone needs no CSC: the op's backward is a sum.)
         need_csc = torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad
-            for t in (x_src, alpha_src, alpha_dst, alpha_edge, bias))
+            t is not None and t.requires_grad for t in (x_src, alpha_src, alpha_dst, alpha_edge))
         rowptr, col, csc = self._csr_csc(edge_index, num_src, num_dst, need_csc)
         out, lse = ops.gat_attention(
             rowptr, col, alpha_src, alpha_dst, x_src, s_edge=alpha_edge,
