@@ -9,17 +9,23 @@
 # is abi3 (Python >= 3.10), so the local Python's headers do.
 #   scripts/cross_build_device.sh [TORCH_VERSION (default 2.11.0)]
 # Afterwards a local CPU build must be restored (`pip install -e .`).
+# Variants for an A/B in one device call (env): NVCC_EXTRA (more nvcc flags,
+# e.g. -DPMA_DOT_TRANSPOSED_MIN_BLOCKS=4), REBUILD (the .cu files to compile,
+# e.g. "multihead_spmm"; the other objects are taken from OBJ_DIR as they
+# are), OBJ_DIR (default $WORK/obj) and OUT_SO (default the package's .so).
 set -euo pipefail
 VER="${1:-2.11.0}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-WORK="${CROSS_BUILD_DIR:-/tmp/cross_build_$VER}"; mkdir -p "$WORK/obj"
+WORK="${CROSS_BUILD_DIR:-/tmp/cross_build_$VER}"
+O="${OBJ_DIR:-$WORK/obj}"; mkdir -p "$O"
+OUT_SO="${OUT_SO:-}"; REBUILD="${REBUILD:-all}"
 if [ ! -d "$WORK/torch/include" ]; then
   pip download "torch==$VER" --no-deps -d "$WORK/wheel"
   (cd "$WORK" && unzip -q -o wheel/torch-"$VER"-*.whl 'torch/include/*' 'torch/lib/libc10.so' \
     'torch/lib/libtorch.so' 'torch/lib/libtorch_cpu.so' 'torch/lib/libc10_cuda.so' \
     'torch/lib/libtorch_cuda.so')
 fi
-T="$WORK/torch"; O="$WORK/obj"
+T="$WORK/torch"
 PY="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
 CUDA="${CUDA_HOME:-/usr/local/cuda}"
 INC="-I$T/include -I$T/include/torch/csrc/api/include -I$CUDA/include -I$PY"
@@ -28,19 +34,23 @@ CXXF="-fno-strict-overflow -DNDEBUG -O3 -fPIC -std=c++17 -D_GLIBCXX_USE_CXX11_AB
 NVF="-D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__ -D__CUDA_NO_BFLOAT16_CONVERSIONS__"
 NVF="$NVF -D__CUDA_NO_HALF2_OPERATORS__ --expt-relaxed-constexpr --compiler-options -fPIC -O3"
 NVF="$NVF -lineinfo -gencode=arch=compute_90a,code=sm_90a -ccbin /usr/bin/gcc -std=c++17"
+NVF="$NVF ${NVCC_EXTRA:-}"
 cd "$ROOT"
-rm -f "$O"/*.o
+OUT_SO="${OUT_SO:-$ROOT/pyg_multihead_agg/_C.abi3.so}"
+[ "$REBUILD" = all ] && rm -f "$O"/*.o
 pids=()
 for f in csrc/cuda/*.cu; do
+  [ "$REBUILD" = all ] || [[ " $REBUILD " == *" $(basename "$f" .cu) "* ]] || continue
   # shellcheck disable=SC2086
   "$CUDA/bin/nvcc" $INC -c "$f" -o "$O/cuda_$(basename "$f" .cu).o" $NVF $DEF &
   pids+=($!)
 done
 for f in csrc/*.cpp csrc/cpu/*.cpp; do
+  [ "$REBUILD" = all ] || continue
   # shellcheck disable=SC2086
   g++ $CXXF $INC $DEF -c "$f" -o "$O/$(echo "${f#csrc/}" | tr / _ | sed 's/\.cpp$//').o"
 done
 for p in "${pids[@]}"; do wait "$p"; done
 g++ -shared -Wl,-O1 -Wl,-Bsymbolic-functions "$O"/*.o -L"$T/lib" -L"$CUDA/lib64" -lc10 -ltorch \
-  -ltorch_cpu -lcudart -lc10_cuda -ltorch_cuda -o "$ROOT/pyg_multihead_agg/_C.abi3.so"
-echo "built $ROOT/pyg_multihead_agg/_C.abi3.so for torch $VER (sm_90a)"
+  -ltorch_cpu -lcudart -lc10_cuda -ltorch_cuda -o "$OUT_SO"
+echo "built $OUT_SO for torch $VER (sm_90a)"

@@ -202,28 +202,42 @@ def test_dot_products_both_layouts(heads, channels, dtype, monkeypatch):
     4 or 8 lanes reduce each step's dot products with a transposing butterfly
     (the default) or one butterfly per entry (PYG_MULTIHEAD_AGG_TRANSPOSED
     = 0): both match the reference on a power-law graph with a hub (sliced
-    columns) and on short uniform rows, int32 and int64, and agree bit for bit."""
+    columns) and on short uniform rows, int32 and int64, and agree bit for bit.
+    The transposed kernel of 2-byte types runs steps of 8 entries (the default)
+    or 4 (PYG_MULTIHEAD_AGG_DOT_STEP=4; float32 ignores it): same sums."""
     gen = torch.Generator().manual_seed(heads * 1000 + channels)
     for index_dtype, (rowptr, col, num_src) in layout_graphs(gen):
         weight, x, grad_out = make_values(rowptr, col, num_src, heads, channels, dtype, gen)
         rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
         colptr, row, perm = csr_to_csc(rowptr, col, num_src)
         got = []
-        for layout in ("0", "1"):
+        for layout, step in (("0", "8"), ("1", "8"), ("1", "4")):
             monkeypatch.setenv("PYG_MULTIHEAD_AGG_TRANSPOSED", layout)
+            monkeypatch.setenv("PYG_MULTIHEAD_AGG_DOT_STEP", step)
             poison((num_src, heads, channels), dtype, "cuda")
             gx, gw = ops.multihead_spmm_backward_csc(colptr, row, perm, weight, x, grad_out)
             poison((col.numel(), heads), dtype, "cuda")
             sddmm = ops.multihead_sddmm(rowptr, col, grad_out, x)
-            what = f"layout {layout}, {index_dtype}"
+            what = f"layout {layout}, step {step}, {index_dtype}"
             assert_close(gx, reference_grad_x(rowptr, col, weight, grad_out, num_src), dtype,
                          f"grad_x, {what}")
             ref_gw = reference_sddmm(rowptr, col, grad_out, x)
             assert_close(gw, ref_gw, dtype, f"grad_weight, {what}")
             assert_close(sddmm, ref_gw, dtype, f"sddmm, {what}")
             got.append((gx, gw, sddmm))
-        for a, b, name in zip(*got, ("grad_x", "grad_weight", "sddmm"), strict=True):
-            assert torch.equal(a, b), name
+        for other in got[1:]:
+            for a, b, name in zip(got[0], other, ("grad_x", "grad_weight", "sddmm"), strict=True):
+                assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("value", ["2", "16", "eight"])
+def test_dot_step_flag_is_checked(value, monkeypatch):
+    monkeypatch.setenv("PYG_MULTIHEAD_AGG_DOT_STEP", value)
+    gen = torch.Generator().manual_seed(6)
+    rowptr, col = random_graph(20, 20, 60, gen)
+    weight, x, grad_out = make_values(rowptr, col, 20, 4, 32, torch.bfloat16, gen)
+    with pytest.raises(RuntimeError, match="PYG_MULTIHEAD_AGG_DOT_STEP"):
+        ops.multihead_sddmm(rowptr.cuda(), col.cuda(), grad_out, x)
 
 
 def test_transposed_dots_flag_is_checked(monkeypatch):

@@ -12,8 +12,10 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <cstdlib>
+#include <type_traits>
 
 namespace pyg_multihead_agg {
 namespace {
@@ -226,6 +228,52 @@ __device__ __forceinline__ void row_range(const index_t* ptr, int64_t r, int64_t
 __device__ __forceinline__ bool in_range(int64_t v, int64_t bound) {
   return static_cast<uint64_t>(v) < static_cast<uint64_t>(bound);
 }
+
+// The hot loops' index arithmetic in the index's own width. With int64 math
+// on 32-bit indices, a step of the float32 spmm backward (8 entries) spent
+// 71 ISETP and 65 IMAD of its 399 instructions on 64-bit compares (two per
+// `k < hi` and per range check), sign extensions and 64-bit row products
+// (session 8, scripts/sass_loop.py).
+//
+// IndexBound: `v < bound` as one unsigned compare of the index's width; for
+// 32-bit indices the bound is clamped to 2^31 (every non-negative int32 is
+// then below it, and a negative one, as unsigned, is not).
+template <typename index_t>
+struct IndexBound {
+  using uint_t = std::conditional_t<sizeof(index_t) == 4, uint32_t, uint64_t>;
+  uint_t bound;
+  __device__ __forceinline__ explicit IndexBound(int64_t n)
+      : bound(sizeof(index_t) == 4 ? static_cast<uint_t>(n < 0 ? 0 : (n > INT32_MAX ? 0x80000000LL : n))
+                                   : static_cast<uint_t>(n < 0 ? 0 : n)) {}
+  __device__ __forceinline__ bool operator()(index_t v) const {
+    return static_cast<uint_t>(v) < bound;
+  }
+};
+
+// base + i * width for a row index i of the index type. For 32-bit indices
+// one IMAD.WIDE (`mad.wide.s32` on the row's byte width): written in C++,
+// nvcc lost the sign extension of `width` and emitted a 64-bit product, 7
+// instructions per address. Needs width * sizeof(T) < 2^31, which holds for
+// the one-chunk rows of the transposed kernels that use it (H * D <= 256).
+template <typename T, typename index_t>
+__device__ __forceinline__ T* row_at(T* base, index_t i, int width) {
+  if constexpr (sizeof(index_t) == 4) {
+    uint64_t addr;
+    asm("mad.wide.s32 %0, %1, %2, %3;"
+        : "=l"(addr)
+        : "r"(static_cast<int32_t>(i)), "r"(width * static_cast<int>(sizeof(T))),
+          "l"(reinterpret_cast<uint64_t>(base)));
+    return reinterpret_cast<T*>(addr);
+  } else {
+    return base + static_cast<int64_t>(i) * width;
+  }
+}
+
+// The offset type of a row's entries: hi - lo < 2^31 when indices are 32-bit
+// (the pointers are), so the step loop counts in int and its `k < left`
+// tests are single 32-bit compares.
+template <typename index_t>
+using EntryOffset = std::conditional_t<sizeof(index_t) == 4, int, int64_t>;
 
 // Mask of the G lanes of this thread's group, for the shuffles of one group
 // while other groups of the warp run other rows.

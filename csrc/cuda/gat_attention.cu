@@ -736,37 +736,44 @@ __device__ __forceinline__ void backward_row_transposed(
   struct StepIdx {
     index_t i[U], iq[kSlots], eq[kSlots];
   };
-  auto load_idx = [&](int64_t k0, StepIdx& n) {
+  // Offsets from lo in the index's width, 32-bit compares and row
+  // addresses by row_at (common.cuh).
+  const int HD = p.HD, H = p.H;
+  const IndexBound<index_t> gathered_ok(p.num_gathered), edge_ok(p.num_edges);
+  using off_t = EntryOffset<index_t>;
+  const off_t n = static_cast<off_t>(hi - lo);
+  auto load_idx = [&](off_t k0, StepIdx& s_) {
+    const off_t rest = n - k0;
+    const index_t* idx = p.idx + lo + k0;
+    const index_t* perm = p.perm + lo + k0;
 #pragma unroll
-    for (int u = 0; u < U; ++u) n.i[u] = load_index_if(k0 + u < hi, p.idx + k0 + u);
+    for (int u = 0; u < U; ++u) s_.i[u] = load_index_if(u < rest, idx + u);
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
-      const int64_t k = k0 + s * kS + q;
-      n.iq[s] = load_index_if(k < hi, p.idx + k);
-      n.eq[s] = load_index_if(k < hi, p.perm + k);
+      const int k = s * kS + q;
+      s_.iq[s] = load_index_if(k < rest, idx + k);
+      s_.eq[s] = load_index_if(k < rest, perm + k);
     }
   };
   constexpr bool kPrefetch = sizeof(index_t) == 4;
   StepIdx cur;
-  if constexpr (kPrefetch) load_idx(lo, cur);
-  for (int64_t k0 = lo; k0 < hi; k0 += U) {
+  if constexpr (kPrefetch) load_idx(0, cur);
+  for (off_t k0 = 0; k0 < n; k0 += U) {
+    const off_t left = n - k0;  // > 0; the step's entries u < left are the row's
     if constexpr (!kPrefetch) load_idx(k0, cur);
     Vec<scalar_t, V> gv[U];
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      gv[u] = load_vec_if<scalar_t, V>(
-          valid && k0 + u < hi && in_range(cur.i[u], p.num_gathered),
-          p.grad_out + static_cast<int64_t>(cur.i[u]) * p.HD + m.feat[0]);
+      gv[u] = load_vec_if<scalar_t, V>(valid && u < left && gathered_ok(cur.i[u]),
+                                      row_at(p.grad_out, cur.i[u], HD) + m.feat[0]);
     bool ok[kSlots];
     RowAux<acc_t> ax[kSlots];
     acc_t se[kSlots];
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
-      ok[s] = valid && k0 + s * kS + q < hi && in_range(cur.iq[s], p.num_gathered) &&
-              in_range(cur.eq[s], p.num_edges);
-      ax[s] = load_aux(ok[s], aux + static_cast<int64_t>(cur.iq[s]) * p.H + h);
-      se[s] = load_value_if(ok[s] && p.s_edge != nullptr,
-                            p.s_edge + static_cast<int64_t>(cur.eq[s]) * p.H + h);
+      ok[s] = valid && s * kS + q < left && gathered_ok(cur.iq[s]) && edge_ok(cur.eq[s]);
+      ax[s] = load_aux(ok[s], row_at(aux, cur.iq[s], H) + h);
+      se[s] = load_value_if(ok[s] && p.s_edge != nullptr, row_at(p.s_edge, cur.eq[s], H) + h);
     }
     StepIdx next;
     if constexpr (kPrefetch) load_idx(k0 + U, next);
@@ -791,7 +798,7 @@ __device__ __forceinline__ void backward_row_transposed(
                        (z > acc_t(0) ? acc_t(1) : p.negative_slope);
       if (ok[s]) {
         g += gz;
-        p.grad_z[static_cast<int64_t>(cur.eq[s]) * p.H + h] = gz;
+        *(row_at(p.grad_z, cur.eq[s], H) + h) = gz;
       }
     }
 #pragma unroll
@@ -1081,25 +1088,31 @@ __device__ __forceinline__ void attend_heads_transposed(
   const int h = m.head[0];
 #pragma unroll
   for (int v = 0; v < V; ++v) acc[0][v] = 0;
-  for (int64_t e0 = lo; e0 < hi; e0 += U) {
+  // Offsets from lo in the index's width, 32-bit compares and row
+  // addresses by row_at (common.cuh).
+  const int HD = p.HD, H = p.H;
+  const IndexBound<index_t> gathered_ok(p.num_gathered);
+  using off_t = EntryOffset<index_t>;
+  const off_t n = static_cast<off_t>(hi - lo);
+  for (off_t k0 = 0; k0 < n; k0 += U) {
+    const off_t left = n - k0;  // > 0; the step's entries u < left are the row's
+    const index_t* idx = p.idx + lo + k0;
     index_t j[U], jq[kSlots];
 #pragma unroll
-    for (int u = 0; u < U; ++u) j[u] = load_index_if(e0 + u < hi, p.idx + e0 + u);
+    for (int u = 0; u < U; ++u) j[u] = load_index_if(u < left, idx + u);
 #pragma unroll
-    for (int s = 0; s < kSlots; ++s)
-      jq[s] = load_index_if(e0 + s * kS + q < hi, p.idx + e0 + s * kS + q);
+    for (int s = 0; s < kSlots; ++s) jq[s] = load_index_if(s * kS + q < left, idx + s * kS + q);
     Vec<scalar_t, V> xv[U];
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      xv[u] = load_vec_if<scalar_t, V>(valid && e0 + u < hi && in_range(j[u], p.num_gathered),
-                                      p.x + static_cast<int64_t>(j[u]) * p.HD + m.feat[0]);
+      xv[u] = load_vec_if<scalar_t, V>(valid && u < left && gathered_ok(j[u]),
+                                      row_at(p.x, j[u], HD) + m.feat[0]);
     acc_t w[kSlots];
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
-      const int64_t e = e0 + s * kS + q;
-      const bool use = valid && e < hi && in_range(jq[s], p.num_gathered);
-      const acc_t ssrc =
-          load_value_if(use, p.s_src + static_cast<int64_t>(jq[s]) * p.H + h);
+      const int64_t e = lo + k0 + s * kS + q;
+      const bool use = valid && s * kS + q < left && gathered_ok(jq[s]);
+      const acc_t ssrc = load_value_if(use, row_at(p.s_src, jq[s], H) + h);
       acc_t z = use ? ssrc + sd[0] : acc_t(0);
       z += load_value_if(use && p.s_edge != nullptr, p.s_edge + e * p.H + h);
       acc_t mk = 1;

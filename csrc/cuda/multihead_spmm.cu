@@ -164,6 +164,10 @@ __device__ __forceinline__ void gather_entries(at::opmath_type<scalar_t> (&acc)[
   }
 }
 
+#ifndef PMA_GATHER_PREFETCH_HALF
+#define PMA_GATHER_PREFETCH_HALF 0
+#endif
+
 // gather_entries for one vector per lane and heads of kS = 4 or 8 lanes:
 // gather_step's lanes each load the weight of every entry for their head (kS
 // lanes the same value) and check its index; here lane q of a head loads the
@@ -184,42 +188,56 @@ __device__ __forceinline__ void gather_entries_transposed(
   const int head_base = (threadIdx.x & 31) & ~(kS - 1);  // warp lane of the head's lane 0
   const unsigned mask = group_mask(p.G);
   const bool valid = m.valid[0];
-  const int h = m.head[0];
+  const int h = m.head[0], HD = p.HD, H = p.H;
+  const IndexBound<index_t> src_ok(p.num_src), edge_ok(p.num_edges);
+  const scalar_t* x = p.x + m.feat[0];
+  const scalar_t* weight = p.weight + h;
 #pragma unroll
   for (int v = 0; v < V; ++v) acc[0][v] = 0;
   // The gathered rows of all U entries (every lane) and this lane's own
-  // entries' weight rows, one step ahead with 32-bit indices.
+  // entries' weight rows, one step ahead with 32-bit indices. Offsets from
+  // lo in the index's width (EntryOffset).
   struct StepIdx {
     index_t src[U], we[kSlots];
   };
-  auto load_idx = [&](int64_t e, StepIdx& n) {
+  using off_t = EntryOffset<index_t>;
+  const off_t n = static_cast<off_t>(hi - lo);
+  auto load_idx = [&](off_t e, StepIdx& s_) {
+    const off_t rest = n - e;
+    const index_t* idx = p.idx + lo + e;
+    const index_t* wperm = p.wperm + lo + e;
 #pragma unroll
-    for (int u = 0; u < U; ++u) n.src[u] = load_index_if(e + u < hi, p.idx + e + u);
+    for (int u = 0; u < U; ++u) s_.src[u] = load_index_if(u < rest, idx + u);
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
-      const int64_t k = e + s * kS + q;
-      const index_t wp = load_index_if(k < hi && p.wperm != nullptr, p.wperm + k);  // no branch
-      n.we[s] = p.wperm != nullptr ? wp : static_cast<index_t>(k);
+      const int k = s * kS + q;
+      const index_t wp = load_index_if(k < rest && p.wperm != nullptr, wperm + k);  // no branch
+      s_.we[s] = p.wperm != nullptr ? wp : static_cast<index_t>(lo + e + k);
     }
   };
-  constexpr bool kPrefetch = sizeof(index_t) == 4;
-  const int64_t step = static_cast<int64_t>(stride) * U;
+  // 2-byte types without it: their prefetched indices spilled into the step
+  // loop at 80 registers (13 local loads per step) once the step's other
+  // arithmetic went 32-bit (session 8).
+  constexpr bool kPrefetch =
+      sizeof(index_t) == 4 && (sizeof(scalar_t) == 4 || PMA_GATHER_PREFETCH_HALF != 0);
+  const off_t step = static_cast<off_t>(stride) * U;
   StepIdx cur;
-  if constexpr (kPrefetch) load_idx(lo + first * U, cur);
-  for (int64_t e = lo + first * U; e < hi; e += step) {
+  if constexpr (kPrefetch) load_idx(static_cast<off_t>(first) * U, cur);
+  for (off_t e = static_cast<off_t>(first) * U; e < n; e += step) {
+    const off_t left = n - e;  // > 0; the step's entries u < left are the row's
     if constexpr (!kPrefetch) load_idx(e, cur);
     StepIdx next;
     if constexpr (kPrefetch) load_idx(e + step, next);
     Vec<scalar_t, V> xv[U];
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      xv[u] = load_vec_if<scalar_t, V>(valid && e + u < hi && in_range(cur.src[u], p.num_src),
-                                      p.x + static_cast<int64_t>(cur.src[u]) * p.HD + m.feat[0]);
+      xv[u] = load_vec_if<scalar_t, V>(valid && u < left && src_ok(cur.src[u]),
+                                      row_at(x, cur.src[u], HD));
     acc_t w[kSlots];
 #pragma unroll
     for (int s = 0; s < kSlots; ++s)
-      w[s] = load_value_if(valid && e + s * kS + q < hi && in_range(cur.we[s], p.num_edges),
-                           p.weight + static_cast<int64_t>(cur.we[s]) * p.H + h);
+      w[s] = load_value_if(valid && s * kS + q < left && edge_ok(cur.we[s]),
+                           row_at(weight, cur.we[s], H));
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const acc_t wu = __shfl_sync(mask, w[u / kS], head_base + (u % kS));
@@ -411,21 +429,26 @@ __device__ __forceinline__ void dot_entries(at::opmath_type<scalar_t> (&acc)[VPL
 // with one shuffle per entry. Same sums, so dot_out and acc_out are bitwise
 // those of dot_entries. (An entry whose edge id is out of range adds
 // 0 * gathered row instead of nothing: only a malformed perm has one.)
-template <int kS, typename scalar_t, typename index_t, int V>
+template <int kS, int kU, typename scalar_t, typename index_t, int V>
 __device__ __forceinline__ void dot_entries_transposed(at::opmath_type<scalar_t> (&acc)[1][V],
                                                        int64_t r, int64_t lo, int64_t hi,
                                                        const DotParams<scalar_t, index_t>& p,
                                                        const LaneMap<1>& m, int lane) {
   using acc_t = at::opmath_type<scalar_t>;
   static_assert(kS == 4 || kS == 8, "4 or 8 lanes per head");
-  // Entries per step, and per lane and step: 8 for float32, kS otherwise.
-  constexpr int U = sizeof(scalar_t) == 4 ? 8 : kS, kSlots = U / kS;
+  // Entries per step: kU = 8 for float32; 2-byte types: see dot_step().
+  constexpr int U = kU, kSlots = U / kS;
+  static_assert(U % kS == 0, "whole slots");
   const bool with_weight = p.weight != nullptr;
   const unsigned mask = group_mask(p.G);
   const int q = lane & (kS - 1);
   const int head_base = (threadIdx.x & 31) & ~(kS - 1);  // warp lane of the head's lane 0
   const bool valid = m.valid[0];
-  const int h = m.head[0];
+  const int h = m.head[0], HD = p.HD, H = p.H;
+  const IndexBound<index_t> gathered_ok(p.num_gathered), edge_ok(p.num_edges);
+  const scalar_t* gathered = p.gathered + m.feat[0];
+  const scalar_t* weight = with_weight ? p.weight + h : p.weight;
+  scalar_t* dot_out = p.dot_out + h;
   const Vec<scalar_t, V> rv = valid ? load_vec<scalar_t, V>(p.rowval + r * p.HD + m.feat[0])
                                     : zero_vec<scalar_t, V>();
 #pragma unroll
@@ -435,36 +458,39 @@ __device__ __forceinline__ void dot_entries_transposed(at::opmath_type<scalar_t>
   struct StepIdx {
     index_t i[U], iq[kSlots], eq[kSlots];
   };
-  auto load_idx = [&](int64_t k0, StepIdx& n) {
+  using off_t = EntryOffset<index_t>;
+  const off_t n = static_cast<off_t>(hi - lo);
+  auto load_idx = [&](off_t k0, StepIdx& s_) {
+    const off_t rest = n - k0;
+    const index_t* idx = p.idx + lo + k0;
+    const index_t* perm = p.perm + lo + k0;
 #pragma unroll
-    for (int u = 0; u < U; ++u) n.i[u] = load_index_if(k0 + u < hi, p.idx + k0 + u);
+    for (int u = 0; u < U; ++u) s_.i[u] = load_index_if(u < rest, idx + u);
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
-      const int64_t k = k0 + s * kS + q;
-      n.iq[s] = load_index_if(k < hi, p.idx + k);
-      const index_t pe = load_index_if(k < hi && p.perm != nullptr, p.perm + k);  // no branch
-      n.eq[s] = p.perm != nullptr ? pe : static_cast<index_t>(k);
+      const int k = s * kS + q;
+      s_.iq[s] = load_index_if(k < rest, idx + k);
+      const index_t pe = load_index_if(k < rest && p.perm != nullptr, perm + k);  // no branch
+      s_.eq[s] = p.perm != nullptr ? pe : static_cast<index_t>(lo + k0 + k);
     }
   };
   constexpr bool kPrefetch = sizeof(index_t) == 4;
   StepIdx cur;
-  if constexpr (kPrefetch) load_idx(lo, cur);
-  for (int64_t k0 = lo; k0 < hi; k0 += U) {
+  if constexpr (kPrefetch) load_idx(0, cur);
+  for (off_t k0 = 0; k0 < n; k0 += U) {
+    const off_t left = n - k0;  // > 0; the step's entries u < left are the row's
     if constexpr (!kPrefetch) load_idx(k0, cur);
     Vec<scalar_t, V> gv[U];
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      gv[u] = load_vec_if<scalar_t, V>(
-          valid && k0 + u < hi && in_range(cur.i[u], p.num_gathered),
-          p.gathered + static_cast<int64_t>(cur.i[u]) * p.HD + m.feat[0]);
+      gv[u] = load_vec_if<scalar_t, V>(valid && u < left && gathered_ok(cur.i[u]),
+                                      row_at(gathered, cur.i[u], HD));
     bool ok[kSlots];
     acc_t wq[kSlots];
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
-      ok[s] = valid && k0 + s * kS + q < hi && in_range(cur.iq[s], p.num_gathered) &&
-              in_range(cur.eq[s], p.num_edges);
-      wq[s] = load_value_if(ok[s] && with_weight,
-                            p.weight + static_cast<int64_t>(cur.eq[s]) * p.H + h);
+      ok[s] = valid && s * kS + q < left && gathered_ok(cur.iq[s]) && edge_ok(cur.eq[s]);
+      wq[s] = load_value_if(ok[s] && with_weight, row_at(weight, cur.eq[s], H));
     }
     StepIdx next;
     if constexpr (kPrefetch) load_idx(k0 + U, next);
@@ -481,8 +507,7 @@ __device__ __forceinline__ void dot_entries_transposed(at::opmath_type<scalar_t>
     transpose_round<1, kS>(d, q, mask);
 #pragma unroll
     for (int s = 0; s < kSlots; ++s)
-      if (ok[s])
-        p.dot_out[static_cast<int64_t>(cur.eq[s]) * p.H + h] = static_cast<scalar_t>(d[s * kS]);
+      if (ok[s]) *row_at(dot_out, cur.eq[s], H) = static_cast<scalar_t>(d[s * kS]);
     if (with_weight) {  // uniform
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -505,13 +530,31 @@ constexpr int kDotThreads = 128;
 #ifndef PMA_DOT_TRANSPOSED_MIN_BLOCKS
 #define PMA_DOT_TRANSPOSED_MIN_BLOCKS 5
 #endif
-template <typename scalar_t, int VPL, int kS>
+#ifndef PMA_DOT_HALF_STEP
+#define PMA_DOT_HALF_STEP 8
+#endif
+// Entries per step of the transposed variants: 8 for float32. 2-byte types
+// (kS = 4) took U = kS = 4 until session 8, half the loads in flight of a
+// float32 step and twice its per-step overhead per entry; U = 8 needs 167
+// registers there (3 blocks) or spills 124 bytes at 4. A/B on the H200:
+// PYG_MULTIHEAD_AGG_DOT_STEP=4|8 for 2-byte types.
+template <typename scalar_t>
+int dot_step() {
+  if (sizeof(scalar_t) == 4) return 8;
+  const char* env = std::getenv("PYG_MULTIHEAD_AGG_DOT_STEP");
+  if (env == nullptr || *env == '\0') return PMA_DOT_HALF_STEP;
+  TORCH_CHECK((env[0] == '4' || env[0] == '8') && env[1] == '\0',
+              "PYG_MULTIHEAD_AGG_DOT_STEP must be 4 or 8, got '", env, "'");
+  return env[0] - '0';
+}
+
+template <typename scalar_t, int VPL, int kS, int kU>
 constexpr int dot_min_blocks() {
   // The transposed variants: float32 at PMA_DOT_TRANSPOSED_MIN_BLOCKS = 5 (96
   // registers, 32 bytes of spill; 6 blocks, 80 registers and 120-144 bytes,
   // measured 1.5-5% slower on the H200, session 7), the others at 128
   // registers (none).
-  if (kS != 0) return sizeof(scalar_t) == 4 ? PMA_DOT_TRANSPOSED_MIN_BLOCKS : 4;
+  if (kS != 0) return sizeof(scalar_t) == 4 ? PMA_DOT_TRANSPOSED_MIN_BLOCKS : (kU == 8 ? 3 : 4);
   // float32, one vector per lane: 96 registers, 5 blocks = 20 warps; half
   // types with two vectors per lane would spill ~140 bytes under 128
   // registers, so they get 3 blocks (12 warps; the 256-thread kernel had 8).
@@ -522,8 +565,8 @@ constexpr int dot_min_blocks() {
 
 // kS = 4 or 8: dot_entries_transposed (one vector per lane, one chunk);
 // kS = 0: dot_entries.
-template <typename scalar_t, typename index_t, int V, int VPL, int kS>
-__global__ void __launch_bounds__(kDotThreads, dot_min_blocks<scalar_t, VPL, kS>())
+template <typename scalar_t, typename index_t, int V, int VPL, int kS, int kU = 8>
+__global__ void __launch_bounds__(kDotThreads, dot_min_blocks<scalar_t, VPL, kS, kU>())
     dot_gather_kernel(const DotParams<scalar_t, index_t> p, const SliceList sl) {
   using acc_t = at::opmath_type<scalar_t>;
   const int G = p.G, lane = threadIdx.x & (G - 1);
@@ -535,7 +578,7 @@ __global__ void __launch_bounds__(kDotThreads, dot_min_blocks<scalar_t, VPL, kS>
       acc_t acc[VPL][V];
       if constexpr (kS != 0) {
         static_assert(VPL == 1, "one vector per lane");
-        dot_entries_transposed<kS>(acc, r, lo, hi, p, m, lane);
+        dot_entries_transposed<kS, kU>(acc, r, lo, hi, p, m, lane);
       } else {
         dot_entries(acc, r, lo, hi, p, m, lane);
       }
@@ -723,6 +766,8 @@ bool try_launch_dot_gather(DotParams<scalar_t, index_t> p, const at::TensorOptio
     constexpr bool kOne = kVPL == 1, kWide = kOne && sizeof(scalar_t) == 4;
     if (transposed && kWide && p.S == 8) {
       run(dot_gather_kernel<scalar_t, index_t, kVec, kVPL, kWide ? 8 : 0>);
+    } else if (transposed && kOne && p.S == 4 && dot_step<scalar_t>() == 4) {
+      run(dot_gather_kernel<scalar_t, index_t, kVec, kVPL, kOne ? 4 : 0, kOne && !kWide ? 4 : 8>);
     } else if (transposed && kOne && p.S == 4) {
       run(dot_gather_kernel<scalar_t, index_t, kVec, kVPL, kOne ? 4 : 0>);
     } else {
