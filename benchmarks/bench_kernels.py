@@ -62,7 +62,32 @@ def check_fused(g, x, s_src, s_dst, grad, out, grads, rows=2000):
     return errs
 
 
-def bench_dtype(g, csc, dtype, device, ncu):
+def profile_calls(g, dt, calls, repeats=5):
+    """Per-kernel CUDA time of each call (torch.profiler, `repeats` calls after
+    a warm-up): which launches a call's time is made of (work lists, the main
+    kernel, the slice sums)."""
+    from torch.profiler import ProfilerActivity, profile
+    rows = []
+    for key, fn in calls.items():
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(repeats):
+                fn()
+            torch.cuda.synchronize()
+        for ev in prof.key_averages():
+            us = ev.device_time_total / repeats if hasattr(ev, "device_time_total") \
+                else ev.cuda_time_total / repeats
+            if us <= 0:
+                continue
+            rows.append({"shape": g.name, "dtype": dt, "call": key, "kernel": ev.key[:90],
+                         "us_per_call": us, "launches_per_call": ev.count / repeats})
+            print(f"{g.name:14s} {dt:9s} {key:13s} {us:9.1f} us  x{ev.count / repeats:.0f}  "
+                  f"{ev.key[:90]}", flush=True)
+    return rows
+
+
+def bench_dtype(g, csc, dtype, device, ncu, profile=False):
     """Times (or, with ncu, runs once for the profiler) each call in one dtype."""
     dt = str(dtype).replace("torch.", "")
     x, s_src, s_dst, grad = fused_inputs(g, dtype, device)
@@ -88,6 +113,8 @@ def bench_dtype(g, csc, dtype, device, ncu):
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStop()
         return []
+    if profile:
+        return profile_calls(g, dt, calls)
     errs = check_fused(g, x, s_src, s_dst, grad, out, calls["gat_bwd"]())
     nbytes = gather_bytes(g.num_edges, g.num_nodes, g.heads, g.channels, x.element_size())
     rows = []
@@ -109,6 +136,8 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--index-dtype", default="int32")
     parser.add_argument("--ncu", action="store_true")
+    parser.add_argument("--profile", action="store_true",
+                        help="per-kernel CUDA times of each call (torch.profiler), no timing")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -116,7 +145,7 @@ def main() -> None:
     index_dtype = getattr(torch, args.index_dtype)
     rows = []
     env = environment(device, sys.argv)
-    if not args.ncu:
+    if not (args.ncu or args.profile):
         bw = copy_bandwidth(device)
         print(f"copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
         env["copy_GBps"] = bw / 1e9
@@ -125,12 +154,13 @@ def main() -> None:
         csc = pma.csr_to_csc(g.rowptr, g.col, g.num_nodes)
         print(f"## {g}", flush=True)
         for dt in args.dtypes.split(","):
-            rows += bench_dtype(g, csc, getattr(torch, dt), device, args.ncu)
+            rows += bench_dtype(g, csc, getattr(torch, dt), device, args.ncu, args.profile)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "kernels_cuda.json"), "w") as f:
+        name = "kernels_profile_cuda.json" if args.profile else "kernels_cuda.json"
+        with open(os.path.join(args.out, name), "w") as f:
             json.dump({"environment": env, "rows": rows}, f, indent=1)
 
 

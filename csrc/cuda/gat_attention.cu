@@ -1367,6 +1367,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // grad_s_dst[i, h] = sum over the CSR row i of grad_z[e, h]: one warp per
 // (row, head), lanes over the edges, a butterfly at the end (fixed order).
+// For H not a power of two up to 32; otherwise row_sum_sliced_kernel.
 template <typename scalar_t, typename index_t, typename acc_t>
 __global__ void __launch_bounds__(kThreads)
     row_sum_kernel(const index_t* __restrict__ rowptr, const acc_t* __restrict__ grad_z,
@@ -1386,6 +1387,40 @@ __global__ void __launch_bounds__(kThreads)
     for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
     if (lane == 0) grad_s_dst[item] = static_cast<scalar_t>(s);
   }
+}
+
+// grad_s_dst for H a power of two up to 32. A row's grad_z[lo:hi, :] is
+// contiguous: lane l of a warp sums its elements l, l + 32, ... (all of head
+// l % H) and a butterfly over each head's lanes leaves head h's sum in lane
+// h. One warp per short row, or per slice of a long row (a SliceList over
+// the CSR rows, as the backward's over the CSC), the slices' partial sums
+// added in slice order by sum_slices_kernel: fixed order, and no hub row
+// runs in one warp. (Session 8: row_sum_kernel took 119 us on arxiv-like
+// and 0.55 ms on reddit-like, bound by the hub rows, one warp per head.)
+template <typename scalar_t, typename index_t, typename acc_t>
+__global__ void __launch_bounds__(kThreads)
+    row_sum_sliced_kernel(const index_t* __restrict__ rowptr, const acc_t* __restrict__ grad_z,
+                          scalar_t* __restrict__ grad_s_dst, acc_t* __restrict__ part,
+                          int64_t num_edges, int H, const SliceList sl) {
+  const int lane = threadIdx.x & 31;
+  auto sum = [&](int64_t lo, int64_t hi) {
+    const acc_t* z = grad_z + lo * H;
+    const int64_t n = (hi - lo) * H;
+    acc_t s = 0;
+#pragma unroll 8
+    for (int64_t k = lane; k < n; k += 32) s += z[k];
+    for (int off = 16; off >= H; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+    return s;
+  };
+  auto slice = [&](int64_t slot, int64_t, int64_t lo, int64_t hi) {
+    const acc_t s = sum(lo, hi);
+    if (lane < H) part[slot * H + lane] = s;
+  };
+  auto row = [&](int64_t r, int64_t lo, int64_t hi) {
+    const acc_t s = sum(lo, hi);
+    if (lane < H) grad_s_dst[r * H + lane] = static_cast<scalar_t>(s);
+  };
+  for_each_slice_or_row(rowptr, num_edges, sl, 32, slice, row);
 }
 
 // ---------------------------------------------------------------------------
@@ -1597,9 +1632,24 @@ void launch_gat_backward(GatParams<scalar_t, index_t> p, const scalar_t* out,
     }
   }
   // grad_s_dst[i, h]: the sum of grad_z over the CSR row i
+  if (p.H <= 32 && (p.H & (p.H - 1)) == 0) {
+    at::Tensor rs_storage;
+    int64_t rs_slots = 0;
+    const SliceList rsl = make_slice_list(rowptr, p.num_gathered, p.num_edges, rs_storage,
+                                          options, rs_slots);
+    const at::Tensor rs_part = at::empty({rs_slots * p.H}, acc_options);
+    auto kernel = row_sum_sliced_kernel<scalar_t, index_t, acc_t>;
+    kernel<<<persistent_grid(kernel, p.num_gathered, 32), kThreads, 0, stream>>>(
+        rowptr, p.grad_z, grad_dst, rs_part.data_ptr<acc_t>(), p.num_edges, p.H, rsl);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_sum_slices<scalar_t, index_t, acc_t>(rowptr, p.num_edges, rsl,
+                                                rs_part.data_ptr<acc_t>(), grad_dst, p.H,
+                                                nullptr, nullptr, 0);
+    return;
+  }
   const int64_t warps = p.num_gathered * p.H;
-  const int blocks = static_cast<int>(
-      std::min<int64_t>((warps + kThreads / 32 - 1) / (kThreads / 32), num_sms() * 16LL));
+  const int blocks = static_cast<int>(std::max<int64_t>(
+      1, std::min<int64_t>((warps + kThreads / 32 - 1) / (kThreads / 32), num_sms() * 16LL)));
   row_sum_kernel<scalar_t, index_t, acc_t><<<blocks, kThreads, 0, stream>>>(
       rowptr, p.grad_z, grad_dst, p.num_gathered, p.num_edges, p.H);
   C10_CUDA_KERNEL_LAUNCH_CHECK();

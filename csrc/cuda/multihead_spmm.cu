@@ -528,7 +528,7 @@ __device__ __forceinline__ void dot_entries_transposed(at::opmath_type<scalar_t>
 constexpr int kDotThreads = 128;
 
 #ifndef PMA_DOT_TRANSPOSED_MIN_BLOCKS
-#define PMA_DOT_TRANSPOSED_MIN_BLOCKS 5
+#define PMA_DOT_TRANSPOSED_MIN_BLOCKS 4
 #endif
 #ifndef PMA_DOT_HALF_STEP
 #define PMA_DOT_HALF_STEP 8
@@ -550,10 +550,10 @@ int dot_step() {
 
 template <typename scalar_t, int VPL, int kS, int kU>
 constexpr int dot_min_blocks() {
-  // The transposed variants: float32 at PMA_DOT_TRANSPOSED_MIN_BLOCKS = 5 (96
-  // registers, 32 bytes of spill; 6 blocks, 80 registers and 120-144 bytes,
-  // measured 1.5-5% slower on the H200, session 7), the others at 128
-  // registers (none).
+  // The transposed variants: float32 at PMA_DOT_TRANSPOSED_MIN_BLOCKS = 4
+  // (128 registers, no spill; session 8 measured 1.5-3% faster than 5 blocks
+  // at 96 registers and 88 bytes of spill, once the step loop went 32-bit);
+  // 2-byte types at 3 blocks for 8 entries per step, 4 for 4 (dot_step).
   if (kS != 0) return sizeof(scalar_t) == 4 ? PMA_DOT_TRANSPOSED_MIN_BLOCKS : (kU == 8 ? 3 : 4);
   // float32, one vector per lane: 96 registers, 5 blocks = 20 warps; half
   // types with two vectors per lane would spill ~140 bytes under 128
