@@ -275,6 +275,39 @@ __device__ __forceinline__ T* row_at(T* base, index_t i, int width) {
 template <typename index_t>
 using EntryOffset = std::conditional_t<sizeof(index_t) == 4, int, int64_t>;
 
+// One step's indices in the transposed kernels, at entry offset k0 of a row
+// of n entries from lo: the gathered rows i[u] of all U entries (every lane
+// loads them) and, for this lane's own entries k = s * kS + q (s < kSlots),
+// their gathered row iq[s] (kOwnRow) and edge id eq[s] (perm[k], or the
+// entry's own position without perm; kPermGiven: perm is never null, which
+// saves a select per slot). Entries at or past n load nothing (0). One
+// predicated load each, no branch (see load_index_if).
+template <int U, int kS, bool kOwnRow, typename index_t>
+struct StepIndices {
+  static constexpr int kSlots = U / kS;
+  index_t i[U], iq[kOwnRow ? kSlots : 1], eq[kSlots];
+
+  template <bool kPermGiven = false>
+  __device__ __forceinline__ void load(const index_t* idx, const index_t* perm, int64_t lo,
+                                       EntryOffset<index_t> k0, EntryOffset<index_t> n, int q) {
+    const EntryOffset<index_t> rest = n - k0;
+    const index_t* row_idx = idx + lo + k0;
+#pragma unroll
+    for (int u = 0; u < U; ++u) i[u] = load_index_if(u < rest, row_idx + u);
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      const int k = s * kS + q;
+      if constexpr (kOwnRow) iq[s] = load_index_if(k < rest, row_idx + k);
+      if constexpr (kPermGiven) {
+        eq[s] = load_index_if(k < rest, perm + lo + k0 + k);
+      } else {
+        const index_t pe = load_index_if(k < rest && perm != nullptr, perm + lo + k0 + k);
+        eq[s] = perm != nullptr ? pe : static_cast<index_t>(lo + k0 + k);
+      }
+    }
+  }
+};
+
 // Mask of the G lanes of this thread's group, for the shuffles of one group
 // while other groups of the warp run other rows.
 __device__ __forceinline__ unsigned group_mask(int G) {

@@ -730,33 +730,21 @@ __device__ __forceinline__ void backward_row_transposed(
   acc_t g = 0;
 #pragma unroll
   for (int v = 0; v < V; ++v) acc[0][v] = 0;
-  // Every index a step needs, one step ahead with 32-bit indices: the rows
-  // of all U entries (for the gathers, in every lane) and this lane's own
-  // entries' row and edge id (for its aux and grad_z).
-  struct StepIdx {
-    index_t i[U], iq[kSlots], eq[kSlots];
-  };
-  // Offsets from lo in the index's width, 32-bit compares and row
-  // addresses by row_at (common.cuh).
+  // Every index a step needs (StepIndices), one step ahead with 32-bit
+  // indices: the rows of all U entries (for the gathers, in every lane) and
+  // this lane's own entries' row and edge id (for its aux and grad_z).
+  // Offsets from lo in the index's width, 32-bit compares and row addresses
+  // by row_at (common.cuh).
   const int HD = p.HD, H = p.H;
   const IndexBound<index_t> gathered_ok(p.num_gathered), edge_ok(p.num_edges);
   using off_t = EntryOffset<index_t>;
+  using Step = StepIndices<U, kS, true, index_t>;
   const off_t n = static_cast<off_t>(hi - lo);
-  auto load_idx = [&](off_t k0, StepIdx& s_) {
-    const off_t rest = n - k0;
-    const index_t* idx = p.idx + lo + k0;
-    const index_t* perm = p.perm + lo + k0;
-#pragma unroll
-    for (int u = 0; u < U; ++u) s_.i[u] = load_index_if(u < rest, idx + u);
-#pragma unroll
-    for (int s = 0; s < kSlots; ++s) {
-      const int k = s * kS + q;
-      s_.iq[s] = load_index_if(k < rest, idx + k);
-      s_.eq[s] = load_index_if(k < rest, perm + k);
-    }
+  auto load_idx = [&](off_t k0, Step& s_) {  // the CSC's perm is always given here
+    s_.template load<true>(p.idx, p.perm, lo, k0, n, q);
   };
   constexpr bool kPrefetch = sizeof(index_t) == 4;
-  StepIdx cur;
+  Step cur;
   if constexpr (kPrefetch) load_idx(0, cur);
   for (off_t k0 = 0; k0 < n; k0 += U) {
     const off_t left = n - k0;  // > 0; the step's entries u < left are the row's
@@ -775,7 +763,7 @@ __device__ __forceinline__ void backward_row_transposed(
       ax[s] = load_aux(ok[s], row_at(aux, cur.iq[s], H) + h);
       se[s] = load_value_if(ok[s] && p.s_edge != nullptr, row_at(p.s_edge, cur.eq[s], H) + h);
     }
-    StepIdx next;
+    Step next;
     if constexpr (kPrefetch) load_idx(k0 + U, next);
     acc_t d[U];
 #pragma unroll

@@ -195,49 +195,32 @@ __device__ __forceinline__ void gather_entries_transposed(
 #pragma unroll
   for (int v = 0; v < V; ++v) acc[0][v] = 0;
   // The gathered rows of all U entries (every lane) and this lane's own
-  // entries' weight rows, one step ahead with 32-bit indices. Offsets from
-  // lo in the index's width (EntryOffset).
-  struct StepIdx {
-    index_t src[U], we[kSlots];
-  };
+  // entries' weight rows (StepIndices), one step ahead with 32-bit indices
+  // and float32. Offsets from lo in the index's width (EntryOffset).
   using off_t = EntryOffset<index_t>;
+  using Step = StepIndices<U, kS, false, index_t>;
   const off_t n = static_cast<off_t>(hi - lo);
-  auto load_idx = [&](off_t e, StepIdx& s_) {
-    const off_t rest = n - e;
-    const index_t* idx = p.idx + lo + e;
-    const index_t* wperm = p.wperm + lo + e;
-#pragma unroll
-    for (int u = 0; u < U; ++u) s_.src[u] = load_index_if(u < rest, idx + u);
-#pragma unroll
-    for (int s = 0; s < kSlots; ++s) {
-      const int k = s * kS + q;
-      const index_t wp = load_index_if(k < rest && p.wperm != nullptr, wperm + k);  // no branch
-      s_.we[s] = p.wperm != nullptr ? wp : static_cast<index_t>(lo + e + k);
-    }
-  };
-  // 2-byte types without it: their prefetched indices spilled into the step
-  // loop at 80 registers (13 local loads per step) once the step's other
-  // arithmetic went 32-bit (session 8).
+  auto load_idx = [&](off_t e, Step& s_) { s_.load(p.idx, p.wperm, lo, e, n, q); };
   constexpr bool kPrefetch =
       sizeof(index_t) == 4 && (sizeof(scalar_t) == 4 || PMA_GATHER_PREFETCH_HALF != 0);
   const off_t step = static_cast<off_t>(stride) * U;
-  StepIdx cur;
+  Step cur;
   if constexpr (kPrefetch) load_idx(static_cast<off_t>(first) * U, cur);
   for (off_t e = static_cast<off_t>(first) * U; e < n; e += step) {
     const off_t left = n - e;  // > 0; the step's entries u < left are the row's
     if constexpr (!kPrefetch) load_idx(e, cur);
-    StepIdx next;
+    Step next;
     if constexpr (kPrefetch) load_idx(e + step, next);
     Vec<scalar_t, V> xv[U];
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      xv[u] = load_vec_if<scalar_t, V>(valid && u < left && src_ok(cur.src[u]),
-                                      row_at(x, cur.src[u], HD));
+      xv[u] = load_vec_if<scalar_t, V>(valid && u < left && src_ok(cur.i[u]),
+                                      row_at(x, cur.i[u], HD));
     acc_t w[kSlots];
 #pragma unroll
     for (int s = 0; s < kSlots; ++s)
-      w[s] = load_value_if(valid && s * kS + q < left && edge_ok(cur.we[s]),
-                           row_at(weight, cur.we[s], H));
+      w[s] = load_value_if(valid && s * kS + q < left && edge_ok(cur.eq[s]),
+                           row_at(weight, cur.eq[s], H));
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const acc_t wu = __shfl_sync(mask, w[u / kS], head_base + (u % kS));
@@ -453,29 +436,14 @@ __device__ __forceinline__ void dot_entries_transposed(at::opmath_type<scalar_t>
                                     : zero_vec<scalar_t, V>();
 #pragma unroll
   for (int v = 0; v < V; ++v) acc[0][v] = 0;
-  // A step's indices, one step ahead with 32-bit ones: the gathered rows of
-  // all U entries (every lane) and this lane's own entries' row and edge id.
-  struct StepIdx {
-    index_t i[U], iq[kSlots], eq[kSlots];
-  };
+  // A step's indices (StepIndices), one step ahead with 32-bit ones: the
+  // gathered rows of all U entries and this lane's own entries' row and edge id.
   using off_t = EntryOffset<index_t>;
+  using Step = StepIndices<U, kS, true, index_t>;
   const off_t n = static_cast<off_t>(hi - lo);
-  auto load_idx = [&](off_t k0, StepIdx& s_) {
-    const off_t rest = n - k0;
-    const index_t* idx = p.idx + lo + k0;
-    const index_t* perm = p.perm + lo + k0;
-#pragma unroll
-    for (int u = 0; u < U; ++u) s_.i[u] = load_index_if(u < rest, idx + u);
-#pragma unroll
-    for (int s = 0; s < kSlots; ++s) {
-      const int k = s * kS + q;
-      s_.iq[s] = load_index_if(k < rest, idx + k);
-      const index_t pe = load_index_if(k < rest && p.perm != nullptr, perm + k);  // no branch
-      s_.eq[s] = p.perm != nullptr ? pe : static_cast<index_t>(lo + k0 + k);
-    }
-  };
+  auto load_idx = [&](off_t k0, Step& s_) { s_.load(p.idx, p.perm, lo, k0, n, q); };
   constexpr bool kPrefetch = sizeof(index_t) == 4;
-  StepIdx cur;
+  Step cur;
   if constexpr (kPrefetch) load_idx(0, cur);
   for (off_t k0 = 0; k0 < n; k0 += U) {
     const off_t left = n - k0;  // > 0; the step's entries u < left are the row's
@@ -492,7 +460,7 @@ __device__ __forceinline__ void dot_entries_transposed(at::opmath_type<scalar_t>
       ok[s] = valid && s * kS + q < left && gathered_ok(cur.iq[s]) && edge_ok(cur.eq[s]);
       wq[s] = load_value_if(ok[s] && with_weight, row_at(weight, cur.eq[s], H));
     }
-    StepIdx next;
+    Step next;
     if constexpr (kPrefetch) load_idx(k0 + U, next);
     acc_t d[U];
 #pragma unroll
