@@ -669,6 +669,13 @@ WorkList make_work_list(const index_t* ptr, int64_t num_rows, int64_t num_edges,
   return wl;
 }
 
+// At most this many rows of a SliceList are long (more than long_threshold
+// entries each, E entries in all): the size of its row lists, and the grid of
+// sum_slices_kernel.
+inline int64_t max_long_rows(const SliceList& sl, int64_t num_edges) {
+  return std::min<int64_t>(sl.num_rows, num_edges / (sl.long_threshold + 1) + 1);
+}
+
 // Builds a SliceList (see above); `storage` keeps it alive as in
 // make_work_list. Slices hold at most long_threshold entries, so a long row of
 // n entries gives fewer than 2 n / long_threshold slots, and all rows together
@@ -683,7 +690,7 @@ SliceList make_slice_list(const index_t* ptr, int64_t num_rows, int64_t num_edge
   sl.num_rows = num_rows;
   sl.long_threshold = long_threshold(num_edges);
   sl.slice_len = sl.long_threshold;
-  const int64_t max_long = std::min<int64_t>(num_rows, num_edges / (sl.long_threshold + 1) + 1);
+  const int64_t max_long = max_long_rows(sl, num_edges);
   max_slots = 2 * num_edges / sl.long_threshold + 1;
   storage = at::empty({4 + 2 * max_long + max_slots}, options.dtype(at::kLong));
   int64_t* base = storage.data_ptr<int64_t>();
@@ -708,8 +715,7 @@ template <typename scalar_t, typename index_t, typename acc_t>
 void launch_sum_slices(const index_t* ptr, int64_t num_edges, const SliceList& sl,
                        const acc_t* part_a, scalar_t* out_a, int width_a, const acc_t* part_b,
                        scalar_t* out_b, int width_b) {
-  const int64_t max_long =
-      std::min<int64_t>(sl.num_rows, num_edges / (sl.long_threshold + 1) + 1);
+  const int64_t max_long = max_long_rows(sl, num_edges);
   const int blocks =
       static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(max_long, num_sms() * 8LL)));
   const bool vec_a = width_a % 4 == 0 && is_aligned(part_a, 4 * sizeof(acc_t));
