@@ -230,23 +230,29 @@ def test_dot_products_both_layouts(heads, channels, dtype, monkeypatch):
                 assert torch.equal(a, b), name
 
 
-@pytest.mark.parametrize("value", ["2", "16", "eight"])
-def test_dot_step_flag_is_checked(value, monkeypatch):
-    monkeypatch.setenv("PYG_MULTIHEAD_AGG_DOT_STEP", value)
+@pytest.mark.parametrize("name,value,expected", [
+    ("PYG_MULTIHEAD_AGG_DOT_STEP", "2", "4 or 8"),
+    ("PYG_MULTIHEAD_AGG_DOT_STEP", "16", "4 or 8"),
+    ("PYG_MULTIHEAD_AGG_DOT_STEP", "eight", "4 or 8"),
+    ("PYG_MULTIHEAD_AGG_TRANSPOSED", "yes", "0 or 1"),
+    ("PYG_MULTIHEAD_AGG_TRANSPOSED", "10", "0 or 1"),
+    ("PYG_MULTIHEAD_AGG_SPLIT_ROWS", "2", "0 or 1"),
+    ("PYG_MULTIHEAD_AGG_SPLIT_ROWS", "1x", "0 or 1"),
+    ("PYG_MULTIHEAD_AGG_SPLIT_ROWS", "-1", "0 or 1"),
+])
+def test_tuning_flags_are_checked(name, value, expected, monkeypatch):
+    """A bad value of a tuning variable raises, naming it and what it must be,
+    instead of being ignored (SPLIT_ROWS was, until session 9)."""
+    monkeypatch.setenv(name, value)
     gen = torch.Generator().manual_seed(6)
     rowptr, col = random_graph(20, 20, 60, gen)
     weight, x, grad_out = make_values(rowptr, col, 20, 4, 32, torch.bfloat16, gen)
-    with pytest.raises(RuntimeError, match="PYG_MULTIHEAD_AGG_DOT_STEP"):
-        ops.multihead_sddmm(rowptr.cuda(), col.cuda(), grad_out, x)
-
-
-def test_transposed_dots_flag_is_checked(monkeypatch):
-    monkeypatch.setenv("PYG_MULTIHEAD_AGG_TRANSPOSED", "yes")
-    gen = torch.Generator().manual_seed(5)
-    rowptr, col = random_graph(20, 20, 60, gen)
-    weight, x, grad_out = make_values(rowptr, col, 20, 4, 32, torch.float32, gen)
-    with pytest.raises(RuntimeError, match="PYG_MULTIHEAD_AGG_TRANSPOSED"):
-        ops.multihead_sddmm(rowptr.cuda(), col.cuda(), grad_out, x)
+    rowptr, col = rowptr.cuda(), col.cuda()
+    with pytest.raises(RuntimeError, match=f"{name} must be {expected}, got '{value}'"):
+        if name == "PYG_MULTIHEAD_AGG_SPLIT_ROWS":
+            ops.multihead_spmm(rowptr, col, weight, x)
+        else:
+            ops.multihead_sddmm(rowptr, col, grad_out, x)
 
 
 @pytest.mark.parametrize("index_dtype", INDICES)

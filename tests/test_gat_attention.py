@@ -38,6 +38,7 @@ CASES = [
     (40, 10, 300, 1, 1, False),     # H = D = 1
     (25, 25, 60, 2, 33, False),     # D off every fast path
     (8, 50, 400, 8, 64, True),      # one hub row holds most edges
+    (8, 50, 400, 3, 16, True),      # a hub row, H not a power of two (sliced row sums)
     (64, 64, 5, 5, 8, False),       # mostly empty rows, H not a multiple of 4
     (12, 9, 0, 4, 8, False),        # no edges
     (0, 7, 0, 2, 4, False),         # no destination rows

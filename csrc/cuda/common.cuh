@@ -7,14 +7,18 @@
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
+#include <string>
 #include <type_traits>
 
 namespace pyg_multihead_agg {
@@ -52,6 +56,61 @@ template <typename scalar_t, int V>
 struct alignas(sizeof(scalar_t) * V) Vec {
   scalar_t val[V];
 };
+
+// The V elements of a vector in the accumulation type. bfloat16 pairs are
+// widened from their 32-bit word: the low element is the word shifted left by
+// 16, the high one the word with its low half cleared (one instruction each,
+// exact). Element-wise static_cast<float> of c10::BFloat16 first moves the
+// high half down (PRMT) and then shifts it back: 32 more instructions per
+// 8-entry step of a bf16 gather (SASS, session 9).
+template <typename scalar_t, int V>
+__device__ __forceinline__ void widen(const Vec<scalar_t, V>& x,
+                                      at::opmath_type<scalar_t> (&out)[V]) {
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && V % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < V / 2; ++i) {
+      uint32_t word;
+      memcpy(&word, &x.val[2 * i], sizeof(word));
+      out[2 * i] = __uint_as_float(word << 16);
+      out[2 * i + 1] = __uint_as_float(word & 0xffff0000u);
+    }
+  } else {
+#pragma unroll
+    for (int v = 0; v < V; ++v) out[v] = static_cast<at::opmath_type<scalar_t>>(x.val[v]);
+  }
+}
+
+// acc[v] += w * x[v] in the accumulation type, element order.
+template <typename scalar_t, int V>
+__device__ __forceinline__ void axpy_vec(at::opmath_type<scalar_t> (&acc)[V],
+                                         at::opmath_type<scalar_t> w, const Vec<scalar_t, V>& x) {
+  at::opmath_type<scalar_t> xw[V];
+  widen(x, xw);
+#pragma unroll
+  for (int v = 0; v < V; ++v) acc[v] += w * xw[v];
+}
+
+// <a, b - c> of one lane's vector in element order, in the accumulation type
+// (the difference too); <a, b> without c. b - 0 = b exactly, so with c all
+// zeros this is <a, b> bit for bit.
+template <typename scalar_t, int V>
+__device__ __forceinline__ at::opmath_type<scalar_t> vec_dot(const Vec<scalar_t, V>& a,
+                                                             const Vec<scalar_t, V>& b,
+                                                             const Vec<scalar_t, V>* c = nullptr) {
+  using acc_t = at::opmath_type<scalar_t>;
+  acc_t aw[V], bw[V], d = 0;
+  widen(a, aw);
+  widen(b, bw);
+  if (c != nullptr) {
+    acc_t cw[V];
+    widen(*c, cw);
+#pragma unroll
+    for (int v = 0; v < V; ++v) bw[v] -= cw[v];
+  }
+#pragma unroll
+  for (int v = 0; v < V; ++v) d += aw[v] * bw[v];
+  return d;
+}
 
 // One V-element vector through the read-only path (ld.global.nc).
 template <typename scalar_t, int V>
@@ -189,18 +248,41 @@ __device__ __forceinline__ void transpose_round(acc_t (&d)[U], int q, unsigned m
   }
 }
 
+// A tuning switch read from the environment (benchmarks and tests of both
+// sides of a choice): unset or empty gives `fallback`; otherwise it must be a
+// decimal integer >= 0 and, when `allowed` is not empty, one of those values,
+// else a RuntimeError naming the variable. Never silently ignored.
+inline int64_t env_int(const char* name, int64_t fallback,
+                       std::initializer_list<int64_t> allowed = {}) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(env, &end, 10);
+  bool ok = end != env && *end == '\0' && errno == 0 && v >= 0;
+  if (ok && allowed.size() > 0)
+    ok = std::find(allowed.begin(), allowed.end(), static_cast<int64_t>(v)) != allowed.end();
+  if (!ok) {
+    std::string expected;
+    if (allowed.size() == 0) {
+      expected = "a non-negative integer";
+    } else {
+      for (size_t k = 0; k < allowed.size(); ++k) {
+        if (k > 0) expected += k + 1 == allowed.size() ? " or " : ", ";
+        expected += std::to_string(allowed.begin()[k]);
+      }
+    }
+    TORCH_CHECK(false, name, " must be ", expected, ", got '", env, "'");
+  }
+  return static_cast<int64_t>(v);
+}
+
 // Whether the kernels with heads of 4 or 8 lanes (the backward kernels, the
 // SDDMM, the fused forward's second pass) take their transposed variants,
 // one entry's scalar work per lane (the default), or do that work in every
 // lane of the head: PYG_MULTIHEAD_AGG_TRANSPOSED=0 / 1, for benchmarks and
 // tests of both.
-inline bool transposed_dots() {
-  const char* env = std::getenv("PYG_MULTIHEAD_AGG_TRANSPOSED");
-  if (env == nullptr || *env == '\0') return true;
-  TORCH_CHECK((env[0] == '0' || env[0] == '1') && env[1] == '\0',
-              "PYG_MULTIHEAD_AGG_TRANSPOSED must be 0 or 1, got '", env, "'");
-  return env[0] == '1';
-}
+inline bool transposed_dots() { return env_int("PYG_MULTIHEAD_AGG_TRANSPOSED", 1, {0, 1}) == 1; }
 
 template <typename scalar_t, int V, typename acc_t>
 __device__ __forceinline__ void store_vec(scalar_t* p, const acc_t (&a)[V]) {

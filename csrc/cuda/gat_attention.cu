@@ -180,41 +180,31 @@ __device__ __forceinline__ void row_stats(const GatParams<scalar_t, index_t>& p,
   }
 }
 
-// <a, b> over one head's features: each lane's vectors in (k, v) order, then
-// a butterfly over the group. The backward's per-edge dot and delta use this
-// same function, so for a row with a single edge (alpha = 1, out = x[j])
-// delta equals the dot bit for bit and the score gradients are exactly 0,
-// as in the reference.
+// <a, b> over one head's features (<a, b - c> with c, the bias; see vec_dot):
+// each lane's vectors in (k, v) order, then a butterfly over the group. The
+// backward's per-edge dot and delta use this same function, so for a row with
+// a single edge (alpha = 1, out = x[j]) delta equals the dot bit for bit and
+// the score gradients are exactly 0, as in the reference.
 template <typename scalar_t, int V, int VPL>
-__device__ __forceinline__ at::opmath_type<scalar_t> head_dot(const Vec<scalar_t, V> (&a)[VPL],
-                                                              const Vec<scalar_t, V> (&b)[VPL],
-                                                              int G, unsigned mask) {
+__device__ __forceinline__ at::opmath_type<scalar_t> head_dot(
+    const Vec<scalar_t, V> (&a)[VPL], const Vec<scalar_t, V> (&b)[VPL], int G, unsigned mask,
+    const Vec<scalar_t, V> (*c)[VPL] = nullptr) {
   using acc_t = at::opmath_type<scalar_t>;
   acc_t dot = 0;
 #pragma unroll
-  for (int k = 0; k < VPL; ++k)
+  for (int k = 0; k < VPL; ++k) {
+    acc_t aw[V], bw[V];
+    widen(a[k], aw);
+    widen(b[k], bw);
+    if (c != nullptr) {
+      acc_t cw[V];
+      widen((*c)[k], cw);
 #pragma unroll
-    for (int v = 0; v < V; ++v)
-      dot += static_cast<acc_t>(a[k].val[v]) * static_cast<acc_t>(b[k].val[v]);
-  for (int off = G >> 1; off > 0; off >>= 1) dot += __shfl_xor_sync(mask, dot, off);
-  return dot;
-}
-
-// <a, b - c> over one head's features, c the bias (zeros without one, when
-// b - c = b exactly and this is head_dot(a, b)): the order of head_dot, the
-// difference taken in acc_t.
-template <typename scalar_t, int V, int VPL>
-__device__ __forceinline__ at::opmath_type<scalar_t> head_dot_minus(
-    const Vec<scalar_t, V> (&a)[VPL], const Vec<scalar_t, V> (&b)[VPL],
-    const Vec<scalar_t, V> (&c)[VPL], int G, unsigned mask) {
-  using acc_t = at::opmath_type<scalar_t>;
-  acc_t dot = 0;
+      for (int v = 0; v < V; ++v) bw[v] -= cw[v];
+    }
 #pragma unroll
-  for (int k = 0; k < VPL; ++k)
-#pragma unroll
-    for (int v = 0; v < V; ++v)
-      dot += static_cast<acc_t>(a[k].val[v]) *
-             (static_cast<acc_t>(b[k].val[v]) - static_cast<acc_t>(c[k].val[v]));
+    for (int v = 0; v < V; ++v) dot += aw[v] * bw[v];
+  }
   for (int off = G >> 1; off > 0; off >>= 1) dot += __shfl_xor_sync(mask, dot, off);
   return dot;
 }
@@ -278,8 +268,7 @@ __device__ __forceinline__ void attend(at::opmath_type<scalar_t> (&acc)[VPL][V],
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int k = 0; k < VPL; ++k)
-#pragma unroll
-        for (int v = 0; v < V; ++v) acc[k][v] += w[u] * static_cast<acc_t>(xv[u][k].val[v]);
+        axpy_vec(acc[k], w[u], xv[u][k]);
   }
 }
 
@@ -408,8 +397,7 @@ __device__ __forceinline__ void attend_backward(at::opmath_type<scalar_t> (&acc)
       const acc_t w = alpha * mk;
 #pragma unroll
       for (int k = 0; k < VPL; ++k)
-#pragma unroll
-        for (int v = 0; v < V; ++v) acc[k][v] += w * static_cast<acc_t>(gv[u][k].val[v]);
+        axpy_vec(acc[k], w, gv[u][k]);
       const acc_t gz =
           alpha * (mk * dot - dl[u]) * (z[u] > acc_t(0) ? acc_t(1) : p.negative_slope);
       gsrc += gz;
@@ -506,36 +494,10 @@ __device__ __forceinline__ RowAux<acc_t> load_aux(bool pred, const RowAux<acc_t>
   return a;
 }
 
-// <a, b> of one lane's vector, in element order; the S-lane butterfly follows
-// in lanes_sum. The aux kernel (delta) and the backward use these same two
+// The per-lane <a, b> (vec_dot, common.cuh) is followed by the S-lane butterfly
+// of lanes_sum. The aux kernel (delta) and the backward use these same two
 // steps, so that a row with a single edge (alpha = 1, out = x[j]) gives
 // delta equal to the edge's dot bit for bit and score gradients of exactly 0.
-template <typename scalar_t, int V>
-__device__ __forceinline__ at::opmath_type<scalar_t> vec_dot(const Vec<scalar_t, V>& a,
-                                                             const Vec<scalar_t, V>& b) {
-  using acc_t = at::opmath_type<scalar_t>;
-  acc_t d = 0;
-#pragma unroll
-  for (int v = 0; v < V; ++v) d += static_cast<acc_t>(a.val[v]) * static_cast<acc_t>(b.val[v]);
-  return d;
-}
-
-// <a, b - c> of one lane's vector in element order, the difference in acc_t:
-// the aux kernel's delta from the biased output b and the bias c (zeros
-// without one, when b - c = b exactly and this is vec_dot(a, b)).
-template <typename scalar_t, int V>
-__device__ __forceinline__ at::opmath_type<scalar_t> vec_dot_minus(const Vec<scalar_t, V>& a,
-                                                                   const Vec<scalar_t, V>& b,
-                                                                   const Vec<scalar_t, V>& c) {
-  using acc_t = at::opmath_type<scalar_t>;
-  acc_t d = 0;
-#pragma unroll
-  for (int v = 0; v < V; ++v)
-    d += static_cast<acc_t>(a.val[v]) *
-         (static_cast<acc_t>(b.val[v]) - static_cast<acc_t>(c.val[v]));
-  return d;
-}
-
 template <typename acc_t>
 __device__ __forceinline__ acc_t lanes_sum(acc_t v, int S, unsigned mask) {
   for (int off = S >> 1; off > 0; off >>= 1) v += __shfl_xor_sync(mask, v, off);
@@ -674,8 +636,7 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
         z += se[u][k];
         const acc_t alpha = exp_(leaky(z, p.negative_slope) - ax[u][k].lse);
         const acc_t w = alpha * mk;
-#pragma unroll
-        for (int v = 0; v < V; ++v) acc[k][v] += w * static_cast<acc_t>(gv[u][k].val[v]);
+        axpy_vec(acc[k], w, gv[u][k]);
         const acc_t gz =
             alpha * (mk * dot - ax[u][k].dl) * (z > acc_t(0) ? acc_t(1) : p.negative_slope);
         gsrc[k] += gz;
@@ -792,8 +753,7 @@ __device__ __forceinline__ void backward_row_transposed(
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const acc_t wu = __shfl_sync(mask, w[u / kS], head_base + (u % kS));
-#pragma unroll
-      for (int v = 0; v < V; ++v) acc[0][v] += wu * static_cast<acc_t>(gv[u].val[v]);
+      axpy_vec(acc[0], wu, gv[u]);
     }
     if constexpr (kPrefetch) cur = next;
   }
@@ -887,7 +847,7 @@ __global__ void __launch_bounds__(kThreads)
                                 : zero_vec<scalar_t, V>();
       const auto o = m.valid[k] ? load_vec<scalar_t, V>(out + offset) : zero_vec<scalar_t, V>();
       const auto b = load_vec_if<scalar_t, V>(m.valid[k] && p.bias != nullptr, p.bias + m.feat[k]);
-      const acc_t d = lanes_sum(vec_dot_minus<scalar_t, V>(g, o, b), p.S, mask);
+      const acc_t d = lanes_sum(vec_dot<scalar_t, V>(g, o, &b), p.S, mask);
       if (leader && m.valid[k]) {
         const int64_t ih = i * p.H + m.head[k];
         RowAux<acc_t> a;
@@ -1048,8 +1008,7 @@ __device__ __forceinline__ void attend_heads(at::opmath_type<scalar_t> (&acc)[VP
                              : acc_t(1);
         if (!(ok[u] && m.valid[k])) continue;
         const acc_t w = exp_(leaky(z[u][k], p.negative_slope) - lse[k]) * mk;
-#pragma unroll
-        for (int v = 0; v < V; ++v) acc[k][v] += w * static_cast<acc_t>(xv[u][k].val[v]);
+        axpy_vec(acc[k], w, xv[u][k]);
       }
     }
   }
@@ -1111,8 +1070,7 @@ __device__ __forceinline__ void attend_heads_transposed(
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const acc_t wu = __shfl_sync(mask, w[u / kS], head_base + (u % kS));
-#pragma unroll
-      for (int v = 0; v < V; ++v) acc[0][v] += wu * static_cast<acc_t>(xv[u].val[v]);
+      axpy_vec(acc[0], wu, xv[u]);
     }
   }
 }
@@ -1210,8 +1168,7 @@ __device__ __forceinline__ void attend_heads_online(at::opmath_type<scalar_t> (&
         const acc_t w = online_shift(l[u][k], mx[k]);
         sum[k] += w;
         const acc_t wm = w * mk;
-#pragma unroll
-        for (int v = 0; v < V; ++v) acc[k][v] += wm * static_cast<acc_t>(xv[u][k].val[v]);
+        axpy_vec(acc[k], wm, xv[u][k]);
       }
     }
   }
@@ -1219,19 +1176,28 @@ __device__ __forceinline__ void attend_heads_online(at::opmath_type<scalar_t> (&
 
 // Resident blocks per SM asked of ptxas for gat_forward_rows_kernel: 2
 // (128 registers), 1 with four vectors per lane, and
-// PMA_FORWARD_TRANSPOSED_MIN_BLOCKS for the transposed variants.
+// PMA_FORWARD_TRANSPOSED_MIN_BLOCKS(_HALF) for the transposed variants
+// (float32 / 16-bit types). The bf16 one spilled in its step loop at 3 blocks
+// (80 registers, 19 LDL per step); at 2 (128 registers, no spill) session 9
+// measured it 0 / -5 / +1.7% (arxiv / products / reddit-like).
 #ifndef PMA_FORWARD_TRANSPOSED_MIN_BLOCKS
 #define PMA_FORWARD_TRANSPOSED_MIN_BLOCKS 3
 #endif
-template <int VPL, int kS>
+#ifndef PMA_FORWARD_TRANSPOSED_MIN_BLOCKS_HALF
+#define PMA_FORWARD_TRANSPOSED_MIN_BLOCKS_HALF 2
+#endif
+template <typename scalar_t, int VPL, int kS>
 constexpr int forward_rows_min_blocks() {
-  return VPL >= 4 ? 1 : (kS != 0 ? PMA_FORWARD_TRANSPOSED_MIN_BLOCKS : 2);
+  if (VPL >= 4) return 1;
+  if (kS == 0) return 2;
+  return sizeof(scalar_t) == 2 ? PMA_FORWARD_TRANSPOSED_MIN_BLOCKS_HALF
+                               : PMA_FORWARD_TRANSPOSED_MIN_BLOCKS;
 }
 
 // kS = 4 or 8: the two-pass rows' second pass by attend_heads_transposed
 // (one vector per lane); kS = 0: attend_heads.
 template <typename scalar_t, typename index_t, int V, int VPL, int kS>
-__global__ void __launch_bounds__(kThreads, forward_rows_min_blocks<VPL, kS>())
+__global__ void __launch_bounds__(kThreads, forward_rows_min_blocks<scalar_t, VPL, kS>())
     gat_forward_rows_kernel(const GatParams<scalar_t, index_t> p, const WorkList wl) {
   using acc_t = at::opmath_type<scalar_t>;
   __shared__ acc_t red[kThreads * VPL * V];
@@ -1323,8 +1289,7 @@ __global__ void __launch_bounds__(kThreads, forward_rows_min_blocks<VPL, kS>())
 }
 
 // delta[i, h] = <grad_out[i, h, :], out[i, h, :] - bias[h, :]>, one group per
-// (row, head) with the lane layout of the backward kernel (see head_dot and
-// head_dot_minus).
+// (row, head) with the lane layout of the backward kernel (see head_dot).
 template <typename scalar_t, typename index_t, int V, int VPL>
 __global__ void __launch_bounds__(kThreads)
     gat_delta_kernel(const GatParams<scalar_t, index_t> p, const scalar_t* __restrict__ out,
@@ -1348,14 +1313,14 @@ __global__ void __launch_bounds__(kThreads)
       b[k] = load_vec_if<scalar_t, V>(m.valid[k] && p.bias != nullptr,
                                       p.bias + bias_offset + m.feat[k]);
     }
-    const auto d = head_dot_minus<scalar_t, V, VPL>(g, o, b, G, mask);
+    const auto d = head_dot<scalar_t, V, VPL>(g, o, G, mask, &b);
     if (lane == 0) delta[item] = d;
   }
 }
 
 // grad_s_dst[i, h] = sum over the CSR row i of grad_z[e, h]: one warp per
 // (row, head), lanes over the edges, a butterfly at the end (fixed order).
-// For H not a power of two up to 32; otherwise row_sum_sliced_kernel.
+// For H > 32; otherwise row_sum_sliced_kernel.
 template <typename scalar_t, typename index_t, typename acc_t>
 __global__ void __launch_bounds__(kThreads)
     row_sum_kernel(const index_t* __restrict__ rowptr, const acc_t* __restrict__ grad_z,
@@ -1377,28 +1342,43 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// grad_s_dst for H a power of two up to 32. A row's grad_z[lo:hi, :] is
-// contiguous: lane l of a warp sums its elements l, l + 32, ... (all of head
-// l % H) and a butterfly over each head's lanes leaves head h's sum in lane
-// h. One warp per short row, or per slice of a long row (a SliceList over
-// the CSR rows, as the backward's over the CSC), the slices' partial sums
-// added in slice order by sum_slices_kernel: fixed order, and no hub row
-// runs in one warp. (Session 8: row_sum_kernel took 119 us on arxiv-like
-// and 0.55 ms on reddit-like, bound by the hub rows, one warp per head.)
+// grad_s_dst for H up to 32. A row's grad_z[lo:hi, :] is contiguous: the
+// first W = (32 / H) * H lanes of a warp stride over it by W, so that lane l
+// sums elements l, l + W, ... (all of head l % H), and the lanes of a head are
+// added in a fixed order (a butterfly when H divides 32, else lane h adds
+// lanes h + H, h + 2H, ... in turn), leaving head h's sum in lane h. One warp
+// per short row, or per slice of a long row (a SliceList over the CSR rows,
+// as the backward's over the CSC), the slices' partial sums added in slice
+// order by sum_slices_kernel: fixed order, and no hub row runs in one warp.
+// (Session 8: row_sum_kernel took 119 us on arxiv-like and 0.55 ms on
+// reddit-like, bound by the hub rows, one warp per head; session 9 extended
+// the sliced sums from powers of two to every H up to 32.)
 template <typename scalar_t, typename index_t, typename acc_t>
 __global__ void __launch_bounds__(kThreads)
     row_sum_sliced_kernel(const index_t* __restrict__ rowptr, const acc_t* __restrict__ grad_z,
                           scalar_t* __restrict__ grad_s_dst, acc_t* __restrict__ part,
                           int64_t num_edges, int H, const SliceList sl) {
   const int lane = threadIdx.x & 31;
+  const int per_head = 32 / H, W = per_head * H;
   auto sum = [&](int64_t lo, int64_t hi) {
     const acc_t* z = grad_z + lo * H;
     const int64_t n = (hi - lo) * H;
     acc_t s = 0;
+    if (W == 32) {  // H divides 32 (uniform). The stride stays a constant:
+                    // a runtime one made the fused backward 1.5% slower
+                    // (session 9, call 2).
 #pragma unroll 8
-    for (int64_t k = lane; k < n; k += 32) s += z[k];
-    for (int off = 16; off >= H; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-    return s;
+      for (int64_t k = lane; k < n; k += 32) s += z[k];
+      for (int off = 16; off >= H; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+      return s;
+    }
+    if (lane < W) {
+#pragma unroll 8
+      for (int64_t k = lane; k < n; k += W) s += z[k];
+    }
+    acc_t t = s;
+    for (int j = 1; j < per_head; ++j) t += __shfl_down_sync(0xffffffffu, s, j * H);
+    return t;
   };
   auto slice = [&](int64_t slot, int64_t, int64_t lo, int64_t hi) {
     const acc_t s = sum(lo, hi);
@@ -1475,15 +1455,7 @@ RowConfig row_config(int64_t H, int64_t D, bool aligned) {
 // row; empty rows always take the two-pass branch, which writes out = 0 and
 // lse = -inf).
 int64_t onepass_min() {
-  const char* env = std::getenv("PYG_MULTIHEAD_AGG_ONEPASS_MIN");
-  if (env != nullptr && *env != '\0') {
-    char* end = nullptr;
-    const long long v = std::strtoll(env, &end, 10);
-    TORCH_CHECK(end != nullptr && *end == '\0' && v >= 0,
-                "PYG_MULTIHEAD_AGG_ONEPASS_MIN must be a non-negative integer, got '", env, "'");
-    return static_cast<int64_t>(v);
-  }
-  return std::numeric_limits<int64_t>::max();
+  return env_int("PYG_MULTIHEAD_AGG_ONEPASS_MIN", std::numeric_limits<int64_t>::max());
 }
 
 
@@ -1620,7 +1592,7 @@ void launch_gat_backward(GatParams<scalar_t, index_t> p, const scalar_t* out,
     }
   }
   // grad_s_dst[i, h]: the sum of grad_z over the CSR row i
-  if (p.H <= 32 && (p.H & (p.H - 1)) == 0) {
+  if (p.H <= 32) {
     at::Tensor rs_storage;
     int64_t rs_slots = 0;
     const SliceList rsl = make_slice_list(rowptr, p.num_gathered, p.num_edges, rs_storage,

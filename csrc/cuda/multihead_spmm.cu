@@ -128,8 +128,7 @@ __device__ __forceinline__ void gather_step(at::opmath_type<scalar_t> (&acc)[VPL
   for (int u = 0; u < U; ++u)
 #pragma unroll
     for (int k = 0; k < VPL; ++k)
-#pragma unroll
-      for (int v = 0; v < V; ++v) acc[k][v] += w[u][k] * static_cast<acc_t>(xv[u][k].val[v]);
+      axpy_vec(acc[k], w[u][k], xv[u][k]);
 }
 
 // Steps of U entries from lo + first * U, every `stride` steps. With 32-bit
@@ -164,8 +163,13 @@ __device__ __forceinline__ void gather_entries(at::opmath_type<scalar_t> (&acc)[
   }
 }
 
+// The 2-byte transposed gather prefetches the next step's indices too (1;
+// 0 for an A/B). Session 8 turned it off: it spilled in the step loop at 80
+// registers and measured 18-27% slower. Once `widen` (common.cuh) dropped
+// the bf16 unpack's PRMTs it fits without loop spill, and session 9 measured
+// it 5 / 7 / 15% faster (arxiv / products / reddit-like) than without.
 #ifndef PMA_GATHER_PREFETCH_HALF
-#define PMA_GATHER_PREFETCH_HALF 0
+#define PMA_GATHER_PREFETCH_HALF 1
 #endif
 
 // gather_entries for one vector per lane and heads of kS = 4 or 8 lanes:
@@ -196,7 +200,8 @@ __device__ __forceinline__ void gather_entries_transposed(
   for (int v = 0; v < V; ++v) acc[0][v] = 0;
   // The gathered rows of all U entries (every lane) and this lane's own
   // entries' weight rows (StepIndices), one step ahead with 32-bit indices
-  // and float32. Offsets from lo in the index's width (EntryOffset).
+  // (see PMA_GATHER_PREFETCH_HALF). Offsets from lo in the index's width
+  // (EntryOffset).
   using off_t = EntryOffset<index_t>;
   using Step = StepIndices<U, kS, false, index_t>;
   const off_t n = static_cast<off_t>(hi - lo);
@@ -224,8 +229,7 @@ __device__ __forceinline__ void gather_entries_transposed(
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const acc_t wu = __shfl_sync(mask, w[u / kS], head_base + (u % kS));
-#pragma unroll
-      for (int v = 0; v < V; ++v) acc[0][v] += wu * static_cast<acc_t>(xv[u].val[v]);
+      axpy_vec(acc[0], wu, xv[u]);
     }
     if constexpr (kPrefetch) cur = next;
   }
@@ -233,7 +237,8 @@ __device__ __forceinline__ void gather_entries_transposed(
 
 // Resident blocks per SM asked of ptxas for gather_kernel. The transposed
 // variants fit 80 registers (3 blocks, 24 warps per SM instead of 16): float32
-// without spill, bf16 / fp16 with 8-12 bytes. Session 6's Nsight Compute:
+// without spill, bf16 with 32 bytes outside the step loop (session 9 SASS,
+// with the index prefetch). Session 6's Nsight Compute:
 // the per-lane gather ran at 25% occupancy, register-bound, with under one
 // eligible warp per scheduler.
 #ifndef PMA_GATHER_TRANSPOSED_MIN_BLOCKS
@@ -362,11 +367,13 @@ __device__ __forceinline__ void dot_step(at::opmath_type<scalar_t> (&acc)[VPL][V
     acc_t run = 0;
 #pragma unroll
     for (int k = 0; k < VPL; ++k) {
+      acc_t g[V], r[V];
+      widen(gv[u][k], g);
+      widen(rv[k], r);
 #pragma unroll
       for (int v = 0; v < V; ++v) {
-        const acc_t g = static_cast<acc_t>(gv[u][k].val[v]);
-        acc[k][v] += w[u][k] * g;
-        run += g * static_cast<acc_t>(rv[k].val[v]);
+        acc[k][v] += w[u][k] * g[v];
+        run += g[v] * r[v];
       }
       // `last` is the same for all lanes of the group, so the shuffles are
       // group-uniform. Vectors k that share a head were summed into `run`.
@@ -462,13 +469,18 @@ __device__ __forceinline__ void dot_entries_transposed(at::opmath_type<scalar_t>
     }
     Step next;
     if constexpr (kPrefetch) load_idx(k0 + U, next);
+    // Each gathered row is widened once and used at once for its dot and
+    // (with a weight) its accumulation, so no widened row outlives its entry.
+    acc_t wu[U];
+    if (with_weight) {  // uniform
+#pragma unroll
+      for (int u = 0; u < U; ++u) wu[u] = __shfl_sync(mask, wq[u / kS], head_base + (u % kS));
+    }
     acc_t d[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      d[u] = 0;
-#pragma unroll
-      for (int v = 0; v < V; ++v)
-        d[u] += static_cast<acc_t>(gv[u].val[v]) * static_cast<acc_t>(rv.val[v]);
+      d[u] = vec_dot(gv[u], rv);
+      if (with_weight) axpy_vec(acc[0], wu[u], gv[u]);
     }
     if constexpr (kS == 8) transpose_round<4, kS>(d, q, mask);
     transpose_round<2, kS>(d, q, mask);
@@ -476,14 +488,6 @@ __device__ __forceinline__ void dot_entries_transposed(at::opmath_type<scalar_t>
 #pragma unroll
     for (int s = 0; s < kSlots; ++s)
       if (ok[s]) *row_at(dot_out, cur.eq[s], H) = static_cast<scalar_t>(d[s * kS]);
-    if (with_weight) {  // uniform
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const acc_t wu = __shfl_sync(mask, wq[u / kS], head_base + (u % kS));
-#pragma unroll
-        for (int v = 0; v < V; ++v) acc[0][v] += wu * static_cast<acc_t>(gv[u].val[v]);
-      }
-    }
     if constexpr (kPrefetch) cur = next;
   }
 }
@@ -501,19 +505,18 @@ constexpr int kDotThreads = 128;
 #ifndef PMA_DOT_HALF_STEP
 #define PMA_DOT_HALF_STEP 8
 #endif
+#ifndef PMA_DOT_HALF_MIN_BLOCKS
+#define PMA_DOT_HALF_MIN_BLOCKS 4
+#endif
 // Entries per step of the transposed variants: 8 for float32. 2-byte types
 // (kS = 4) took U = kS = 4 until session 8, half the loads in flight of a
-// float32 step and twice its per-step overhead per entry; U = 8 needs 167
-// registers there (3 blocks) or spills 124 bytes at 4. A/B on the H200:
+// float32 step and twice its per-step overhead per entry; U = 8 fits 128
+// registers (4 blocks, see dot_min_blocks). A/B on the H200:
 // PYG_MULTIHEAD_AGG_DOT_STEP=4|8 for 2-byte types.
 template <typename scalar_t>
 int dot_step() {
   if (sizeof(scalar_t) == 4) return 8;
-  const char* env = std::getenv("PYG_MULTIHEAD_AGG_DOT_STEP");
-  if (env == nullptr || *env == '\0') return PMA_DOT_HALF_STEP;
-  TORCH_CHECK((env[0] == '4' || env[0] == '8') && env[1] == '\0',
-              "PYG_MULTIHEAD_AGG_DOT_STEP must be 4 or 8, got '", env, "'");
-  return env[0] - '0';
+  return static_cast<int>(env_int("PYG_MULTIHEAD_AGG_DOT_STEP", PMA_DOT_HALF_STEP, {4, 8}));
 }
 
 template <typename scalar_t, int VPL, int kS, int kU>
@@ -521,8 +524,16 @@ constexpr int dot_min_blocks() {
   // The transposed variants: float32 at PMA_DOT_TRANSPOSED_MIN_BLOCKS = 4
   // (128 registers, no spill; session 8 measured 1.5-3% faster than 5 blocks
   // at 96 registers and 88 bytes of spill, once the step loop went 32-bit);
-  // 2-byte types at 3 blocks for 8 entries per step, 4 for 4 (dot_step).
-  if (kS != 0) return sizeof(scalar_t) == 4 ? PMA_DOT_TRANSPOSED_MIN_BLOCKS : (kU == 8 ? 3 : 4);
+  // 2-byte types at PMA_DOT_HALF_MIN_BLOCKS for 8 entries per step: 128
+  // registers without spill at 4 since session 9 widens each gathered row
+  // once for its dot and its accumulation (it was 168 at 3, or 124 bytes of
+  // spill at 4); measured -4 to -8% against 3 blocks. 4 for 4 (dot_step).
+  // (float32 at 5 blocks, 96 registers and 72 bytes of spill outside the
+  // loop, measured 1-2% slower again in session 9.)
+  if (kS != 0) {
+    if (sizeof(scalar_t) == 4) return PMA_DOT_TRANSPOSED_MIN_BLOCKS;
+    return kU == 8 ? PMA_DOT_HALF_MIN_BLOCKS : 4;
+  }
   // float32, one vector per lane: 96 registers, 5 blocks = 20 warps; half
   // types with two vectors per lane would spill ~140 bytes under 128
   // registers, so they get 3 blocks (12 warps; the 256-thread kernel had 8).
@@ -662,9 +673,8 @@ void launch_gather(GatherParams<scalar_t, index_t> p, const at::TensorOptions& o
   // cap, float32 included, so the backward keeps a column per group.)
   const int64_t subs = 32 / c.G, step = kLoadsInFlight / c.vpl;
   p.split = c.G < 32 && p.num_rows > 0 && p.num_edges >= p.num_rows * subs * step;
-  if (const char* env = std::getenv("PYG_MULTIHEAD_AGG_SPLIT_ROWS")) {
-    if (env[0] == '0' || env[0] == '1') p.split = c.G < 32 && env[0] == '1';
-  }
+  if (const int64_t split = env_int("PYG_MULTIHEAD_AGG_SPLIT_ROWS", -1, {0, 1}); split >= 0)
+    p.split = c.G < 32 && split == 1;
   at::Tensor storage;
   const WorkList wl = make_work_list(p.ptr, p.num_rows, p.num_edges, storage, options);
   auto stream = c10::cuda::getCurrentCUDAStream();
