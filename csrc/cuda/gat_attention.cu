@@ -1352,33 +1352,35 @@ __global__ void __launch_bounds__(kThreads)
 // order by sum_slices_kernel: fixed order, and no hub row runs in one warp.
 // (Session 8: row_sum_kernel took 119 us on arxiv-like and 0.55 ms on
 // reddit-like, bound by the hub rows, one warp per head; session 9 extended
-// the sliced sums from powers of two to every H up to 32.)
-template <typename scalar_t, typename index_t, typename acc_t>
+// the sliced sums from powers of two to every H up to 32, as a second
+// instance, kDividesWarp = false: the power-of-two one keeps its constant
+// stride and butterfly, which a runtime stride in the same kernel had made
+// 6-16% slower, the fused backward 1-1.6%, in calls 2 and 3.)
+template <typename scalar_t, typename index_t, typename acc_t, bool kDividesWarp>
 __global__ void __launch_bounds__(kThreads)
     row_sum_sliced_kernel(const index_t* __restrict__ rowptr, const acc_t* __restrict__ grad_z,
                           scalar_t* __restrict__ grad_s_dst, acc_t* __restrict__ part,
                           int64_t num_edges, int H, const SliceList sl) {
   const int lane = threadIdx.x & 31;
-  const int per_head = 32 / H, W = per_head * H;
   auto sum = [&](int64_t lo, int64_t hi) {
     const acc_t* z = grad_z + lo * H;
     const int64_t n = (hi - lo) * H;
     acc_t s = 0;
-    if (W == 32) {  // H divides 32 (uniform). The stride stays a constant:
-                    // a runtime one made the fused backward 1.5% slower
-                    // (session 9, call 2).
+    if constexpr (kDividesWarp) {  // W = 32
 #pragma unroll 8
       for (int64_t k = lane; k < n; k += 32) s += z[k];
       for (int off = 16; off >= H; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
       return s;
-    }
-    if (lane < W) {
+    } else {
+      const int per_head = 32 / H, W = per_head * H;
+      if (lane < W) {
 #pragma unroll 8
-      for (int64_t k = lane; k < n; k += W) s += z[k];
+        for (int64_t k = lane; k < n; k += W) s += z[k];
+      }
+      acc_t t = s;
+      for (int j = 1; j < per_head; ++j) t += __shfl_down_sync(0xffffffffu, s, j * H);
+      return t;
     }
-    acc_t t = s;
-    for (int j = 1; j < per_head; ++j) t += __shfl_down_sync(0xffffffffu, s, j * H);
-    return t;
   };
   auto slice = [&](int64_t slot, int64_t, int64_t lo, int64_t hi) {
     const acc_t s = sum(lo, hi);
@@ -1598,10 +1600,16 @@ void launch_gat_backward(GatParams<scalar_t, index_t> p, const scalar_t* out,
     const SliceList rsl = make_slice_list(rowptr, p.num_gathered, p.num_edges, rs_storage,
                                           options, rs_slots);
     const at::Tensor rs_part = at::empty({rs_slots * p.H}, acc_options);
-    auto kernel = row_sum_sliced_kernel<scalar_t, index_t, acc_t>;
-    kernel<<<persistent_grid(kernel, p.num_gathered, 32), kThreads, 0, stream>>>(
-        rowptr, p.grad_z, grad_dst, rs_part.data_ptr<acc_t>(), p.num_edges, p.H, rsl);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    auto launch_rows = [&](auto kernel) {
+      kernel<<<persistent_grid(kernel, p.num_gathered, 32), kThreads, 0, stream>>>(
+          rowptr, p.grad_z, grad_dst, rs_part.data_ptr<acc_t>(), p.num_edges, p.H, rsl);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    };
+    if (32 % p.H == 0) {
+      launch_rows(row_sum_sliced_kernel<scalar_t, index_t, acc_t, true>);
+    } else {
+      launch_rows(row_sum_sliced_kernel<scalar_t, index_t, acc_t, false>);
+    }
     launch_sum_slices<scalar_t, index_t, acc_t>(rowptr, p.num_edges, rsl,
                                                 rs_part.data_ptr<acc_t>(), grad_dst, p.H,
                                                 nullptr, nullptr, 0);
