@@ -90,15 +90,15 @@ __device__ __forceinline__ void axpy_vec(at::opmath_type<scalar_t> (&acc)[V],
   for (int v = 0; v < V; ++v) acc[v] += w * xw[v];
 }
 
-// <a, b - c> of one lane's vector in element order, in the accumulation type
-// (the difference too); <a, b> without c. b - 0 = b exactly, so with c all
-// zeros this is <a, b> bit for bit.
+// d += <a, b - c> over one lane's vector, element by element in the
+// accumulation type (the difference too); <a, b> without c. b - 0 = b
+// exactly, so with c all zeros this is <a, b> bit for bit.
 template <typename scalar_t, int V>
-__device__ __forceinline__ at::opmath_type<scalar_t> vec_dot(const Vec<scalar_t, V>& a,
-                                                             const Vec<scalar_t, V>& b,
-                                                             const Vec<scalar_t, V>* c = nullptr) {
+__device__ __forceinline__ void dot_acc(at::opmath_type<scalar_t>& d, const Vec<scalar_t, V>& a,
+                                        const Vec<scalar_t, V>& b,
+                                        const Vec<scalar_t, V>* c = nullptr) {
   using acc_t = at::opmath_type<scalar_t>;
-  acc_t aw[V], bw[V], d = 0;
+  acc_t aw[V], bw[V];
   widen(a, aw);
   widen(b, bw);
   if (c != nullptr) {
@@ -109,6 +109,15 @@ __device__ __forceinline__ at::opmath_type<scalar_t> vec_dot(const Vec<scalar_t,
   }
 #pragma unroll
   for (int v = 0; v < V; ++v) d += aw[v] * bw[v];
+}
+
+// <a, b - c> (or <a, b>) of one lane's vector, from 0 (dot_acc).
+template <typename scalar_t, int V>
+__device__ __forceinline__ at::opmath_type<scalar_t> vec_dot(const Vec<scalar_t, V>& a,
+                                                             const Vec<scalar_t, V>& b,
+                                                             const Vec<scalar_t, V>* c = nullptr) {
+  at::opmath_type<scalar_t> d = 0;
+  dot_acc(d, a, b, c);
   return d;
 }
 

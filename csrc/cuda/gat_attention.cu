@@ -192,19 +192,7 @@ __device__ __forceinline__ at::opmath_type<scalar_t> head_dot(
   using acc_t = at::opmath_type<scalar_t>;
   acc_t dot = 0;
 #pragma unroll
-  for (int k = 0; k < VPL; ++k) {
-    acc_t aw[V], bw[V];
-    widen(a[k], aw);
-    widen(b[k], bw);
-    if (c != nullptr) {
-      acc_t cw[V];
-      widen((*c)[k], cw);
-#pragma unroll
-      for (int v = 0; v < V; ++v) bw[v] -= cw[v];
-    }
-#pragma unroll
-    for (int v = 0; v < V; ++v) dot += aw[v] * bw[v];
-  }
+  for (int k = 0; k < VPL; ++k) dot_acc(dot, a[k], b[k], c != nullptr ? &(*c)[k] : nullptr);
   for (int off = G >> 1; off > 0; off >>= 1) dot += __shfl_xor_sync(mask, dot, off);
   return dot;
 }
