@@ -175,6 +175,37 @@ def test_forward_transposed_weights(heads, channels, dtype, monkeypatch):
             assert torch.equal(*got), f"split {split}, {index_dtype}"
 
 
+@pytest.mark.parametrize("index_dtype", INDICES)
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("heads,channels", [(4, 32), (4, 16), (2, 64), (1, 32), (3, 32)])
+def test_forward_rows_in_runs(heads, channels, dtype, index_dtype, monkeypatch):
+    """The transposed gather takes a group's rows in runs of consecutive rows
+    and loads the next row's first indices during a row's last step. Rows of
+    every length around the 8-entry step (0, 1, 7, 8, 9, 16, 17, ...) and long
+    rows (whole blocks, skipped in the runs) in a shuffled order, so that a
+    run's rows follow one another in every combination; both row layouts."""
+    gen = torch.Generator().manual_seed(heads * 1000 + channels)
+    pattern = torch.tensor([0, 1, 2, 7, 8, 9, 15, 16, 17, 24, 3, 0, 200, 5, 33, 64, 65, 4])
+    deg = pattern.repeat(40)[torch.randperm(40 * pattern.numel(), generator=gen)]
+    num_src = 500
+    rowptr, col = csr_from_degrees(deg, num_src, gen, skew=2.0)
+    weight, x, _ = make_values(rowptr, col, num_src, heads, channels, dtype, gen)
+    rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
+    ref = reference_spmm(rowptr, col, weight, x)
+    for split in ("0", "1"):
+        monkeypatch.setenv("PYG_MULTIHEAD_AGG_SPLIT_ROWS", split)
+        poison((rowptr.numel() - 1, heads, channels), dtype, "cuda")
+        out = ops.multihead_spmm(rowptr, col, weight, x)
+        assert_close(out, ref, dtype, f"split {split}")
+        # grad_x over the CSC runs the same gather with the perm
+        colptr, row, perm = csr_to_csc(rowptr, col, num_src)
+        grad_out = torch.randn(rowptr.numel() - 1, heads, channels, generator=gen).to(dtype).cuda()
+        poison((num_src, heads, channels), dtype, "cuda")
+        gx, _ = ops.multihead_spmm_backward_csc(colptr, row, perm, weight, None, grad_out)
+        assert_close(gx, reference_grad_x(rowptr, col, weight, grad_out, num_src), dtype,
+                     f"grad_x, split {split}")
+
+
 @pytest.mark.parametrize("split", ["0", "1"], ids=["row_per_group", "row_per_warp"])
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("heads,channels", [(1, 1), (1, 3), (1, 8), (8, 8), (4, 32), (2, 24)])

@@ -172,6 +172,12 @@ __device__ __forceinline__ void gather_entries(at::opmath_type<scalar_t> (&acc)[
 #define PMA_GATHER_PREFETCH_HALF 1
 #endif
 
+// 1: the transposed gather takes rows in runs and loads the next row's first
+// indices during a row's last step (0 for an A/B).
+#ifndef PMA_GATHER_ROW_RUNS
+#define PMA_GATHER_ROW_RUNS 1
+#endif
+
 // gather_entries for one vector per lane and heads of kS = 4 or 8 lanes:
 // gather_step's lanes each load the weight of every entry for their head (kS
 // lanes the same value) and check its index; here lane q of a head loads the
@@ -181,10 +187,20 @@ __device__ __forceinline__ void gather_entries(at::opmath_type<scalar_t> (&acc)[
 // 64% of the issue slots. Same products in the same order, so out is bitwise
 // that of gather_entries. (An entry whose weight index is out of range adds
 // 0 x its row instead of nothing: only a malformed perm has one.)
+//
+// Rows in runs (PMA_GATHER_ROW_RUNS, 32-bit indices): `cur` holds the first
+// step's indices when `carried`, and the row's last step loads those of the
+// row that follows it, next_n entries from hi (none when 0), into `cur`.
+// Returns whether it did. A short row then waits for one round trip of
+// indices less.
+template <int kS, typename index_t>
+using GatherStep = StepIndices<kLoadsInFlight, kS, false, index_t>;
+
 template <int kS, typename scalar_t, typename index_t, int V>
-__device__ __forceinline__ void gather_entries_transposed(
+__device__ __forceinline__ bool gather_entries_transposed(
     at::opmath_type<scalar_t> (&acc)[1][V], int64_t lo, int64_t hi,
-    const GatherParams<scalar_t, index_t>& p, const LaneMap<1>& m, int first, int stride) {
+    const GatherParams<scalar_t, index_t>& p, const LaneMap<1>& m, int first, int stride,
+    GatherStep<kS, index_t>& cur, bool carried = false, EntryOffset<index_t> next_n = 0) {
   using acc_t = at::opmath_type<scalar_t>;
   static_assert(kS == 4 || kS == 8, "4 or 8 lanes per head");
   constexpr int U = kLoadsInFlight, kSlots = U / kS;
@@ -203,19 +219,27 @@ __device__ __forceinline__ void gather_entries_transposed(
   // (see PMA_GATHER_PREFETCH_HALF). Offsets from lo in the index's width
   // (EntryOffset).
   using off_t = EntryOffset<index_t>;
-  using Step = StepIndices<U, kS, false, index_t>;
+  using Step = GatherStep<kS, index_t>;
   const off_t n = static_cast<off_t>(hi - lo);
   auto load_idx = [&](off_t e, Step& s_) { s_.load(p.idx, p.wperm, lo, e, n, q); };
   constexpr bool kPrefetch =
       sizeof(index_t) == 4 && (sizeof(scalar_t) == 4 || PMA_GATHER_PREFETCH_HALF != 0);
-  const off_t step = static_cast<off_t>(stride) * U;
-  Step cur;
-  if constexpr (kPrefetch) load_idx(static_cast<off_t>(first) * U, cur);
-  for (off_t e = static_cast<off_t>(first) * U; e < n; e += step) {
+  const off_t step = static_cast<off_t>(stride) * U, e0 = static_cast<off_t>(first) * U;
+  if constexpr (kPrefetch) {
+    if (!carried) load_idx(e0, cur);
+  }
+  bool prefetched = false;
+  for (off_t e = e0; e < n; e += step) {
     const off_t left = n - e;  // > 0; the step's entries u < left are the row's
     if constexpr (!kPrefetch) load_idx(e, cur);
     Step next;
-    if constexpr (kPrefetch) load_idx(e + step, next);
+    if constexpr (kPrefetch) {
+      // The next step, or after the last one the next row's first (its
+      // entries follow this row's: offsets n + e0 .. n + next_n).
+      const bool last = left <= step;
+      next.load(p.idx, p.wperm, lo, last ? n + e0 : e + step, last ? n + next_n : n, q);
+      prefetched = true;
+    }
     Vec<scalar_t, V> xv[U];
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -233,6 +257,7 @@ __device__ __forceinline__ void gather_entries_transposed(
     }
     if constexpr (kPrefetch) cur = next;
   }
+  return prefetched && next_n > 0;
 }
 
 // Resident blocks per SM asked of ptxas for gather_kernel. The transposed
@@ -261,12 +286,20 @@ __global__ void __launch_bounds__(kThreads, gather_min_blocks<kS>())
   // With p.split, a warp's sub-groups (sub < subs) share one row.
   const int subs = p.split ? 32 / G : 1, sub = p.split ? (threadIdx.x & 31) / G : 0;
 
-  auto short_row = [&](int64_t, int64_t r, int64_t lo, int64_t hi) {
+  // Rows in runs (for_each_work_item<kRuns>): the transposed kernels with
+  // 32-bit indices carry a step's indices from one row into the next.
+  constexpr bool kRuns = kS != 0 && sizeof(index_t) == 4 && PMA_GATHER_ROW_RUNS != 0;
+  GatherStep<kS == 0 ? 4 : kS, index_t> carry;
+  bool carried = false;
+  auto short_row = [&](int64_t, int64_t r, int64_t lo, int64_t hi, auto... next) {
     for (int chunk = 0; chunk < p.num_chunks; ++chunk) {
       const auto m = lane_map<V, VPL>(chunk, lane, G, p.D, p.HD);
       acc_t acc[VPL][V];
-      if constexpr (kS != 0) {
-        gather_entries_transposed<kS>(acc, lo, hi, p, m, sub, subs);
+      if constexpr (kRuns) {  // one chunk
+        carried = gather_entries_transposed<kS>(acc, lo, hi, p, m, sub, subs, carry, carried,
+                                                static_cast<int>(next)...);
+      } else if constexpr (kS != 0) {
+        gather_entries_transposed<kS>(acc, lo, hi, p, m, sub, subs, carry);
       } else {
         gather_entries(acc, lo, hi, p, m, sub, subs);
       }
@@ -291,7 +324,7 @@ __global__ void __launch_bounds__(kThreads, gather_min_blocks<kS>())
       const auto m = lane_map<V, VPL>(chunk, lane, G, p.D, p.HD);
       acc_t acc[VPL][V];
       if constexpr (kS != 0) {
-        gather_entries_transposed<kS>(acc, slo, shi, p, m, 0, 1);
+        gather_entries_transposed<kS>(acc, slo, shi, p, m, 0, 1, carry);
       } else {
         gather_entries(acc, slo, shi, p, m);
       }
@@ -299,7 +332,7 @@ __global__ void __launch_bounds__(kThreads, gather_min_blocks<kS>())
                                                   p.out + r * p.HD);
     }
   };
-  for_each_work_item(p.ptr, p.num_edges, wl, p.split ? 32 : G, 1, short_row, long_row);
+  for_each_work_item<kRuns>(p.ptr, p.num_edges, wl, p.split ? 32 : G, 1, short_row, long_row);
 }
 
 // ---------------------------------------------------------------------------
