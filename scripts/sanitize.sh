@@ -98,9 +98,9 @@ TRANSPOSED=(
   "$G::test_both_layouts_cuda[H3D16-E800-float32-int64-no_edge-p0]"
   "$K::test_forward_transposed_weights[4-16-dtype2]"
   "$K::test_forward_transposed_weights[3-32-dtype1]"
-  "$K::test_forward_rows_in_runs[4-32-dtype1-index_dtype0]"
-  "$K::test_forward_rows_in_runs[4-32-dtype2-index_dtype0]"
-  "$K::test_forward_rows_in_runs[2-64-dtype1-index_dtype0]"
+  "$K::test_gather_rows_around_the_step[4-32-dtype1-index_dtype0]"
+  "$K::test_gather_rows_around_the_step[4-32-dtype2-index_dtype0]"
+  "$K::test_gather_rows_around_the_step[2-64-dtype1-index_dtype0]"
 )
 # The device=cuda cases of the malformed-input catalogue and the properties
 # (with HYPOTHESIS_PROFILE=sanitize: a few examples each); `-k cuda` keeps

@@ -178,12 +178,11 @@ def test_forward_transposed_weights(heads, channels, dtype, monkeypatch):
 @pytest.mark.parametrize("index_dtype", INDICES)
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("heads,channels", [(4, 32), (4, 16), (2, 64), (1, 32), (3, 32)])
-def test_forward_rows_in_runs(heads, channels, dtype, index_dtype, monkeypatch):
-    """The transposed gather takes a group's rows in runs of consecutive rows
-    and loads the next row's first indices during a row's last step. Rows of
-    every length around the 8-entry step (0, 1, 7, 8, 9, 16, 17, ...) and long
-    rows (whole blocks, skipped in the runs) in a shuffled order, so that a
-    run's rows follow one another in every combination; both row layouts."""
+def test_gather_rows_around_the_step(heads, channels, dtype, index_dtype, monkeypatch):
+    """Rows of every length around the gathers' 8-entry step (0, 1, 7, 8, 9,
+    16, 17, ...; the last step is partial, predicated) and long rows (a whole
+    block) in a shuffled order, so that each kind follows each other kind in
+    a group's rows; the forward and the CSC grad_x gather, both row layouts."""
     gen = torch.Generator().manual_seed(heads * 1000 + channels)
     pattern = torch.tensor([0, 1, 2, 7, 8, 9, 15, 16, 17, 24, 3, 0, 200, 5, 33, 64, 65, 4])
     deg = pattern.repeat(40)[torch.randperm(40 * pattern.numel(), generator=gen)]

@@ -339,6 +339,12 @@ struct IndexBound {
   __device__ __forceinline__ bool operator()(index_t v) const {
     return static_cast<uint_t>(v) < bound;
   }
+  // v if it is in range, else bound - 1 (needs bound > 0): an address that
+  // is safe to load without a predicate (a malformed index then reads a
+  // valid row; the CUDA kernels promise no fault, not a result, there).
+  __device__ __forceinline__ index_t clamp(index_t v) const {
+    return static_cast<index_t>(min(static_cast<uint_t>(v), bound - 1));
+  }
 };
 
 // base + i * width for a row index i of the index type. For 32-bit indices
@@ -467,13 +473,7 @@ __global__ void __launch_bounds__(kThreads)
 // items go to neighbouring groups of a warp, so they share the row's indices
 // in L1. No block-wide barrier in phase 2: a warp whose rows are short goes
 // on at once instead of waiting for the longest row of a tile.
-//
-// kRuns (items_per_row == 1 only): a group takes kFetchRounds consecutive rows
-// instead, and `short_fn(item, r, lo, hi, next_n)` also gets the entry count
-// of the row that follows in its run when that row is short and starts at
-// `hi` (0 otherwise), so that the row's last step can load the next row's
-// first indices (gather_entries_transposed).
-template <bool kRuns = false, typename index_t, typename ShortFn, typename LongFn>
+template <typename index_t, typename ShortFn, typename LongFn>
 __device__ __forceinline__ void for_each_work_item(const index_t* ptr, int64_t num_edges,
                                                    const WorkList& wl, int G, int items_per_row,
                                                    ShortFn&& short_fn, LongFn&& long_fn) {
@@ -499,30 +499,13 @@ __device__ __forceinline__ void for_each_work_item(const index_t* ptr, int64_t n
     if (lane32 == 0) base = atomicAdd(&wl.counters[2], per_fetch);
     base = __shfl_sync(0xffffffffu, base, 0);
     if (base >= static_cast<unsigned long long>(num_items)) break;  // warp-uniform
-    if constexpr (kRuns) {
-      const int64_t first = static_cast<int64_t>(base) + group * kFetchRounds;
-      const int64_t end = min(first + kFetchRounds, num_items);
-      int64_t lo = 0, hi = 0;
-      if (first < end) row_range(ptr, first, num_edges, lo, hi);
-      for (int64_t r = first; r < end; ++r) {  // group-uniform
-        int64_t next_lo = 0, next_hi = 0;
-        if (r + 1 < end) row_range(ptr, r + 1, num_edges, next_lo, next_hi);
-        const int64_t next_n = next_lo == hi && next_hi - next_lo <= wl.long_threshold
-                                   ? next_hi - next_lo
-                                   : 0;
-        if (hi - lo <= wl.long_threshold) short_fn(r, r, lo, hi, next_n);
-        lo = next_lo;
-        hi = next_hi;
-      }
-    } else {
-      for (int t = 0; t < kFetchRounds; ++t) {
-        const int64_t item = static_cast<int64_t>(base) + t * groups_per_warp + group;
-        if (item >= num_items) break;  // group-uniform
-        const int64_t r = items_per_row == 1 ? item : item / items_per_row;
-        int64_t lo, hi;
-        row_range(ptr, r, num_edges, lo, hi);
-        if (hi - lo <= wl.long_threshold) short_fn(item, r, lo, hi);
-      }
+    for (int t = 0; t < kFetchRounds; ++t) {
+      const int64_t item = static_cast<int64_t>(base) + t * groups_per_warp + group;
+      if (item >= num_items) break;  // group-uniform
+      const int64_t r = items_per_row == 1 ? item : item / items_per_row;
+      int64_t lo, hi;
+      row_range(ptr, r, num_edges, lo, hi);
+      if (hi - lo <= wl.long_threshold) short_fn(item, r, lo, hi);
     }
   }
 }

@@ -43,6 +43,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <climits>
 #include <cstdlib>
 #include <cstdint>
@@ -172,10 +173,17 @@ __device__ __forceinline__ void gather_entries(at::opmath_type<scalar_t> (&acc)[
 #define PMA_GATHER_PREFETCH_HALF 1
 #endif
 
-// 1: the transposed gather takes rows in runs and loads the next row's first
-// indices during a row's last step (0 for an A/B).
-#ifndef PMA_GATHER_ROW_RUNS
-#define PMA_GATHER_ROW_RUNS 1
+// 1: a last step of at most 4 entries runs as a step of 4 (half the loads,
+// shuffles, widening and FMAs of a predicated step of 8); 0 for an A/B.
+// Arxiv-like rows (Pareto degrees from 7, 14 on average) fill 81% of their
+// 8-entry steps' slots, 91% with the half step.
+#ifndef PMA_GATHER_HALF_STEP
+#define PMA_GATHER_HALF_STEP 1
+#endif
+// 1: a step of 8 entries all inside the row loads without predicates, at
+// clamped indices (no zero fills, no per-entry compares); 0 for an A/B.
+#ifndef PMA_GATHER_WHOLE_STEP
+#define PMA_GATHER_WHOLE_STEP 1
 #endif
 
 // gather_entries for one vector per lane and heads of kS = 4 or 8 lanes:
@@ -187,20 +195,10 @@ __device__ __forceinline__ void gather_entries(at::opmath_type<scalar_t> (&acc)[
 // 64% of the issue slots. Same products in the same order, so out is bitwise
 // that of gather_entries. (An entry whose weight index is out of range adds
 // 0 x its row instead of nothing: only a malformed perm has one.)
-//
-// Rows in runs (PMA_GATHER_ROW_RUNS, 32-bit indices): `cur` holds the first
-// step's indices when `carried`, and the row's last step loads those of the
-// row that follows it, next_n entries from hi (none when 0), into `cur`.
-// Returns whether it did. A short row then waits for one round trip of
-// indices less.
-template <int kS, typename index_t>
-using GatherStep = StepIndices<kLoadsInFlight, kS, false, index_t>;
-
 template <int kS, typename scalar_t, typename index_t, int V>
-__device__ __forceinline__ bool gather_entries_transposed(
+__device__ __forceinline__ void gather_entries_transposed(
     at::opmath_type<scalar_t> (&acc)[1][V], int64_t lo, int64_t hi,
-    const GatherParams<scalar_t, index_t>& p, const LaneMap<1>& m, int first, int stride,
-    GatherStep<kS, index_t>& cur, bool carried = false, EntryOffset<index_t> next_n = 0) {
+    const GatherParams<scalar_t, index_t>& p, const LaneMap<1>& m, int first, int stride) {
   using acc_t = at::opmath_type<scalar_t>;
   static_assert(kS == 4 || kS == 8, "4 or 8 lanes per head");
   constexpr int U = kLoadsInFlight, kSlots = U / kS;
@@ -210,8 +208,10 @@ __device__ __forceinline__ bool gather_entries_transposed(
   const bool valid = m.valid[0];
   const int h = m.head[0], HD = p.HD, H = p.H;
   const IndexBound<index_t> src_ok(p.num_src), edge_ok(p.num_edges);
-  const scalar_t* x = p.x + m.feat[0];
-  const scalar_t* weight = p.weight + h;
+  // Lanes past the row's vectors (m.valid false, never stored) point at the
+  // first vector and head: whole steps load there.
+  const scalar_t* x = p.x + (valid ? m.feat[0] : 0);
+  const scalar_t* weight = p.weight + (valid ? h : 0);
 #pragma unroll
   for (int v = 0; v < V; ++v) acc[0][v] = 0;
   // The gathered rows of all U entries (every lane) and this lane's own
@@ -219,45 +219,63 @@ __device__ __forceinline__ bool gather_entries_transposed(
   // (see PMA_GATHER_PREFETCH_HALF). Offsets from lo in the index's width
   // (EntryOffset).
   using off_t = EntryOffset<index_t>;
-  using Step = GatherStep<kS, index_t>;
+  using Step = StepIndices<U, kS, false, index_t>;
   const off_t n = static_cast<off_t>(hi - lo);
   auto load_idx = [&](off_t e, Step& s_) { s_.load(p.idx, p.wperm, lo, e, n, q); };
   constexpr bool kPrefetch =
       sizeof(index_t) == 4 && (sizeof(scalar_t) == 4 || PMA_GATHER_PREFETCH_HALF != 0);
-  const off_t step = static_cast<off_t>(stride) * U, e0 = static_cast<off_t>(first) * U;
-  if constexpr (kPrefetch) {
-    if (!carried) load_idx(e0, cur);
-  }
-  bool prefetched = false;
-  for (off_t e = e0; e < n; e += step) {
+  const off_t step = static_cast<off_t>(stride) * U;
+  Step cur;
+  if constexpr (kPrefetch) load_idx(static_cast<off_t>(first) * U, cur);
+  for (off_t e = static_cast<off_t>(first) * U; e < n; e += step) {
     const off_t left = n - e;  // > 0; the step's entries u < left are the row's
     if constexpr (!kPrefetch) load_idx(e, cur);
     Step next;
-    if constexpr (kPrefetch) {
-      // The next step, or after the last one the next row's first (its
-      // entries follow this row's: offsets n + e0 .. n + next_n).
-      const bool last = left <= step;
-      next.load(p.idx, p.wperm, lo, last ? n + e0 : e + step, last ? n + next_n : n, q);
-      prefetched = true;
-    }
-    Vec<scalar_t, V> xv[U];
+    if constexpr (kPrefetch) load_idx(e + step, next);
+    // The step's first UU entries. kWhole (a step inside the row): plain
+    // loads at clamped indices, no predicates or zero fills; otherwise
+    // predicated loads, entries past the row's end and out-of-range indices
+    // load nothing.
+    auto entries = [&](auto uu, auto whole) {
+      constexpr int UU = decltype(uu)::value, kUsed = (UU + kS - 1) / kS;
+      constexpr bool kWhole = decltype(whole)::value;
+      Vec<scalar_t, V> xv[UU];
+      acc_t w[kUsed];
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-      xv[u] = load_vec_if<scalar_t, V>(valid && u < left && src_ok(cur.i[u]),
-                                      row_at(x, cur.i[u], HD));
-    acc_t w[kSlots];
+      for (int u = 0; u < UU; ++u) {
+        if constexpr (kWhole) {
+          xv[u] = load_vec<scalar_t, V>(row_at(x, src_ok.clamp(cur.i[u]), HD));
+        } else {
+          xv[u] = load_vec_if<scalar_t, V>(valid && u < left && src_ok(cur.i[u]),
+                                          row_at(x, cur.i[u], HD));
+        }
+      }
 #pragma unroll
-    for (int s = 0; s < kSlots; ++s)
-      w[s] = load_value_if(valid && s * kS + q < left && edge_ok(cur.eq[s]),
-                           row_at(weight, cur.eq[s], H));
+      for (int s = 0; s < kUsed; ++s) {
+        if constexpr (kWhole) {
+          w[s] = static_cast<acc_t>(
+              load_vec<scalar_t, 1>(row_at(weight, edge_ok.clamp(cur.eq[s]), H)).val[0]);
+        } else {
+          w[s] = load_value_if(valid && s * kS + q < left && edge_ok(cur.eq[s]),
+                               row_at(weight, cur.eq[s], H));
+        }
+      }
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const acc_t wu = __shfl_sync(mask, w[u / kS], head_base + (u % kS));
-      axpy_vec(acc[0], wu, xv[u]);
+      for (int u = 0; u < UU; ++u) {
+        const acc_t wu = __shfl_sync(mask, w[u / kS], head_base + (u % kS));
+        axpy_vec(acc[0], wu, xv[u]);
+      }
+    };
+    using std::integral_constant;
+    if (PMA_GATHER_WHOLE_STEP != 0 && left >= U) {  // group-uniform
+      entries(integral_constant<int, U>(), std::true_type());
+    } else if (PMA_GATHER_HALF_STEP != 0 && left <= U / 2) {
+      entries(integral_constant<int, U / 2>(), std::false_type());
+    } else {
+      entries(integral_constant<int, U>(), std::false_type());
     }
     if constexpr (kPrefetch) cur = next;
   }
-  return prefetched && next_n > 0;
 }
 
 // Resident blocks per SM asked of ptxas for gather_kernel. The transposed
@@ -286,20 +304,12 @@ __global__ void __launch_bounds__(kThreads, gather_min_blocks<kS>())
   // With p.split, a warp's sub-groups (sub < subs) share one row.
   const int subs = p.split ? 32 / G : 1, sub = p.split ? (threadIdx.x & 31) / G : 0;
 
-  // Rows in runs (for_each_work_item<kRuns>): the transposed kernels with
-  // 32-bit indices carry a step's indices from one row into the next.
-  constexpr bool kRuns = kS != 0 && sizeof(index_t) == 4 && PMA_GATHER_ROW_RUNS != 0;
-  GatherStep<kS == 0 ? 4 : kS, index_t> carry;
-  bool carried = false;
-  auto short_row = [&](int64_t, int64_t r, int64_t lo, int64_t hi, auto... next) {
+  auto short_row = [&](int64_t, int64_t r, int64_t lo, int64_t hi) {
     for (int chunk = 0; chunk < p.num_chunks; ++chunk) {
       const auto m = lane_map<V, VPL>(chunk, lane, G, p.D, p.HD);
       acc_t acc[VPL][V];
-      if constexpr (kRuns) {  // one chunk
-        carried = gather_entries_transposed<kS>(acc, lo, hi, p, m, sub, subs, carry, carried,
-                                                static_cast<int>(next)...);
-      } else if constexpr (kS != 0) {
-        gather_entries_transposed<kS>(acc, lo, hi, p, m, sub, subs, carry);
+      if constexpr (kS != 0) {
+        gather_entries_transposed<kS>(acc, lo, hi, p, m, sub, subs);
       } else {
         gather_entries(acc, lo, hi, p, m, sub, subs);
       }
@@ -324,7 +334,7 @@ __global__ void __launch_bounds__(kThreads, gather_min_blocks<kS>())
       const auto m = lane_map<V, VPL>(chunk, lane, G, p.D, p.HD);
       acc_t acc[VPL][V];
       if constexpr (kS != 0) {
-        gather_entries_transposed<kS>(acc, slo, shi, p, m, 0, 1, carry);
+        gather_entries_transposed<kS>(acc, slo, shi, p, m, 0, 1);
       } else {
         gather_entries(acc, slo, shi, p, m);
       }
@@ -332,7 +342,7 @@ __global__ void __launch_bounds__(kThreads, gather_min_blocks<kS>())
                                                   p.out + r * p.HD);
     }
   };
-  for_each_work_item<kRuns>(p.ptr, p.num_edges, wl, p.split ? 32 : G, 1, short_row, long_row);
+  for_each_work_item(p.ptr, p.num_edges, wl, p.split ? 32 : G, 1, short_row, long_row);
 }
 
 // ---------------------------------------------------------------------------
@@ -700,6 +710,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
 template <typename scalar_t, typename index_t>
 void launch_gather(GatherParams<scalar_t, index_t> p, const at::TensorOptions& options) {
+  if (p.num_src == 0) {  // every entry is out of range (whole steps clamp to a row of x)
+    C10_CUDA_CHECK(cudaMemsetAsync(p.out, 0, p.num_rows * p.HD * sizeof(scalar_t),
+                                   c10::cuda::getCurrentCUDAStream()));
+    return;
+  }
   constexpr int kVec = vec_width<scalar_t>();
   const bool vectorised = p.D % kVec == 0 && is_aligned(p.x, 16) && is_aligned(p.out, 16);
   const auto c = lane_config(vectorised ? p.HD / kVec : p.HD, vectorised);
