@@ -339,12 +339,6 @@ struct IndexBound {
   __device__ __forceinline__ bool operator()(index_t v) const {
     return static_cast<uint_t>(v) < bound;
   }
-  // v if it is in range, else bound - 1 (needs bound > 0): an address that
-  // is safe to load without a predicate (a malformed index then reads a
-  // valid row; the CUDA kernels promise no fault, not a result, there).
-  __device__ __forceinline__ index_t clamp(index_t v) const {
-    return static_cast<index_t>(min(static_cast<uint_t>(v), bound - 1));
-  }
 };
 
 // base + i * width for a row index i of the index type. For 32-bit indices
@@ -598,12 +592,19 @@ __device__ __forceinline__ void for_each_slice_or_row(const index_t* ptr, int64_
 
 // The second kernel of a sliced pass: for every sliced row r, out_a[r, f] =
 // the sum of part_a[slot, f] over r's slots, f < width_a, and the same for b
-// (width_b may be 0). One block per row at a time: its 8 warps each sum a
-// contiguous eighth of the row's slots in slice order (16-byte loads of
-// part_a when width_a is a multiple of 4), and the 8 partial sums are added
-// in warp order: a fixed order, so deterministic. (Until session 8 one
-// thread summed all of a feature's slots: the hub's serial chain, ~600
-// slices on arxiv-like, made the kernel 120-150 us whatever the graph.)
+// (width_b may be 0), in a fixed order, so deterministic. Rows of at most
+// kWarpSlices slots go to one warp each, which sums them in slot order with
+// all of its loads in flight. Longer rows (the hubs: ~600 slices on
+// arxiv-like) go to a whole block first: its 8 warps each sum a contiguous
+// eighth of the row's slots in slot order, and the 8 partials are added in
+// warp order. 16-byte loads of part_a when width_a is a multiple of 4.
+// (Until session 8 one thread summed all of a feature's slots: the hub's
+// serial chain made the kernel 120-150 us whatever the graph; until session
+// 10 every row took a block: 35 us on arxiv-like, where 2691 of its 2812
+// sliced CSC columns have at most 8 slices, each block waiting for its row's
+// indices, its loads and two barriers.)
+constexpr int kWarpSlices = 16;
+
 template <typename scalar_t, typename index_t, typename acc_t>
 __global__ void __launch_bounds__(kThreads)
     sum_slices_kernel(const index_t* __restrict__ ptr, int64_t num_edges, const SliceList sl,
@@ -612,33 +613,46 @@ __global__ void __launch_bounds__(kThreads)
                       int width_b, bool vec_a) {
   constexpr int kWarps = kThreads / 32;
   __shared__ acc_t red[kWarps][32 * 4];
+  __shared__ bool s_big[kThreads];
   const int64_t num_long = static_cast<int64_t>(sl.counters[0]);
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  // Features [c0, c0 + 128) (vectors of 4) or [c0, c0 + 32) of one array.
-  auto sum_part = [&](const acc_t* part, scalar_t* out, int width, bool vec, int64_t r,
-                      int64_t base, int64_t k0, int64_t k1) {
+  auto num_slices = [&](int64_t li) {
+    int64_t lo, hi;
+    row_range(ptr, sl.long_rows[li], num_edges, lo, hi);
+    return (hi - lo + sl.slice_len - 1) / sl.slice_len;
+  };
+  // This lane's sum over slots [k0, k1) of features [c0 + lane * 4, + 4)
+  // (vec) or c0 + lane, in slot order.
+  auto lane_sum = [&](const acc_t* part, int width, bool vec, int64_t base, int64_t k0,
+                      int64_t k1, int c0, acc_t (&s)[4]) {
+    s[0] = s[1] = s[2] = s[3] = 0;
+    if (vec) {
+      const int c = c0 + lane * 4;
+      if (c >= width) return;
+#pragma unroll 16
+      for (int64_t k = k0; k < k1; ++k) {
+        const Vec<acc_t, 4> v = *reinterpret_cast<const Vec<acc_t, 4>*>(part + (base + k) * width + c);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[i] += v.val[i];
+      }
+    } else {
+      const int c = c0 + lane;
+      if (c >= width) return;
+#pragma unroll 16
+      for (int64_t k = k0; k < k1; ++k) s[0] += part[(base + k) * width + c];
+    }
+  };
+  // A long row with the whole block.
+  auto block_part = [&](const acc_t* part, scalar_t* out, int width, bool vec, int64_t r,
+                        int64_t base, int64_t k0, int64_t k1) {
     const int chunk = vec ? 32 * 4 : 32;
     for (int c0 = 0; c0 < width; c0 += chunk) {  // block-uniform
-      acc_t s[4] = {0, 0, 0, 0};
+      acc_t s[4];
+      lane_sum(part, width, vec, base, k0, k1, c0, s);
       if (vec) {
-        const int c = c0 + lane * 4;
-        if (c < width) {
-#pragma unroll 8
-          for (int64_t k = k0; k < k1; ++k) {
-            const Vec<acc_t, 4> v =
-                *reinterpret_cast<const Vec<acc_t, 4>*>(part + (base + k) * width + c);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) s[i] += v.val[i];
-          }
-        }
 #pragma unroll
         for (int i = 0; i < 4; ++i) red[warp][lane * 4 + i] = s[i];
       } else {
-        const int c = c0 + lane;
-        if (c < width) {
-#pragma unroll 8
-          for (int64_t k = k0; k < k1; ++k) s[0] += part[(base + k) * width + c];
-        }
         red[warp][lane] = s[0];
       }
       __syncthreads();
@@ -652,15 +666,51 @@ __global__ void __launch_bounds__(kThreads)
       __syncthreads();
     }
   };
-  for (int64_t li = blockIdx.x; li < num_long; li += gridDim.x) {  // block-uniform
+  // A short one with this warp alone.
+  auto warp_part = [&](const acc_t* part, scalar_t* out, int width, bool vec, int64_t r,
+                       int64_t base, int64_t n) {
+    const int chunk = vec ? 32 * 4 : 32;
+    for (int c0 = 0; c0 < width; c0 += chunk) {
+      acc_t s[4];
+      lane_sum(part, width, vec, base, 0, n, c0, s);
+      if (vec) {
+        const int c = c0 + lane * 4;
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          if (c + i < width) out[r * width + c + i] = static_cast<scalar_t>(s[i]);
+      } else if (c0 + lane < width) {
+        out[r * width + c0 + lane] = static_cast<scalar_t>(s[0]);
+      }
+    }
+  };
+  // Phase 1: block b takes the rows b, b + grid, ... of more than kWarpSlices
+  // slots (one thread per candidate finds them, in order).
+  for (int64_t j0 = 0;; j0 += kThreads) {  // block-uniform
+    if (blockIdx.x + j0 * gridDim.x >= num_long) break;
+    const int64_t li = blockIdx.x + (j0 + threadIdx.x) * gridDim.x;
+    s_big[threadIdx.x] = li < num_long && num_slices(li) > kWarpSlices;
+    __syncthreads();
+    for (int j = 0; j < kThreads; ++j) {
+      if (!s_big[j]) continue;  // block-uniform
+      const int64_t lj = blockIdx.x + (j0 + j) * gridDim.x;
+      const int64_t r = sl.long_rows[lj], base = sl.long_base[lj], n = num_slices(lj);
+      const int64_t per = (n + kWarps - 1) / kWarps;
+      const int64_t k0 = min(n, warp * per), k1 = min(n, k0 + per);
+      block_part(part_a, out_a, width_a, vec_a, r, base, k0, k1);
+      if (width_b > 0) block_part(part_b, out_b, width_b, false, r, base, k0, k1);
+    }
+    __syncthreads();
+  }
+  // Phase 2: warp w of the grid takes the rows w, w + warps, ... of at most
+  // kWarpSlices slots.
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
+  for (int64_t li = blockIdx.x * static_cast<int64_t>(kWarps) + warp; li < num_long;
+       li += warps) {  // warp-uniform
+    const int64_t n = num_slices(li);
+    if (n > kWarpSlices) continue;
     const int64_t r = sl.long_rows[li], base = sl.long_base[li];
-    int64_t lo, hi;
-    row_range(ptr, r, num_edges, lo, hi);
-    const int64_t n = (hi - lo + sl.slice_len - 1) / sl.slice_len;
-    const int64_t per = (n + kWarps - 1) / kWarps;
-    const int64_t k0 = min(n, warp * per), k1 = min(n, k0 + per);
-    sum_part(part_a, out_a, width_a, vec_a, r, base, k0, k1);
-    if (width_b > 0) sum_part(part_b, out_b, width_b, false, r, base, k0, k1);
+    warp_part(part_a, out_a, width_a, vec_a, r, base, n);
+    if (width_b > 0) warp_part(part_b, out_b, width_b, false, r, base, n);
   }
 }
 

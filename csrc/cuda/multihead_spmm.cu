@@ -43,7 +43,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <type_traits>
 #include <climits>
 #include <cstdlib>
 #include <cstdint>
@@ -173,19 +172,6 @@ __device__ __forceinline__ void gather_entries(at::opmath_type<scalar_t> (&acc)[
 #define PMA_GATHER_PREFETCH_HALF 1
 #endif
 
-// 1: a last step of at most 4 entries runs as a step of 4 (half the loads,
-// shuffles, widening and FMAs of a predicated step of 8); 0 for an A/B.
-// Arxiv-like rows (Pareto degrees from 7, 14 on average) fill 81% of their
-// 8-entry steps' slots, 91% with the half step.
-#ifndef PMA_GATHER_HALF_STEP
-#define PMA_GATHER_HALF_STEP 1
-#endif
-// 1: a step of 8 entries all inside the row loads without predicates, at
-// clamped indices (no zero fills, no per-entry compares); 0 for an A/B.
-#ifndef PMA_GATHER_WHOLE_STEP
-#define PMA_GATHER_WHOLE_STEP 1
-#endif
-
 // gather_entries for one vector per lane and heads of kS = 4 or 8 lanes:
 // gather_step's lanes each load the weight of every entry for their head (kS
 // lanes the same value) and check its index; here lane q of a head loads the
@@ -208,10 +194,8 @@ __device__ __forceinline__ void gather_entries_transposed(
   const bool valid = m.valid[0];
   const int h = m.head[0], HD = p.HD, H = p.H;
   const IndexBound<index_t> src_ok(p.num_src), edge_ok(p.num_edges);
-  // Lanes past the row's vectors (m.valid false, never stored) point at the
-  // first vector and head: whole steps load there.
-  const scalar_t* x = p.x + (valid ? m.feat[0] : 0);
-  const scalar_t* weight = p.weight + (valid ? h : 0);
+  const scalar_t* x = p.x + m.feat[0];
+  const scalar_t* weight = p.weight + h;
 #pragma unroll
   for (int v = 0; v < V; ++v) acc[0][v] = 0;
   // The gathered rows of all U entries (every lane) and this lane's own
@@ -232,47 +216,20 @@ __device__ __forceinline__ void gather_entries_transposed(
     if constexpr (!kPrefetch) load_idx(e, cur);
     Step next;
     if constexpr (kPrefetch) load_idx(e + step, next);
-    // The step's first UU entries. kWhole (a step inside the row): plain
-    // loads at clamped indices, no predicates or zero fills; otherwise
-    // predicated loads, entries past the row's end and out-of-range indices
-    // load nothing.
-    auto entries = [&](auto uu, auto whole) {
-      constexpr int UU = decltype(uu)::value, kUsed = (UU + kS - 1) / kS;
-      constexpr bool kWhole = decltype(whole)::value;
-      Vec<scalar_t, V> xv[UU];
-      acc_t w[kUsed];
+    Vec<scalar_t, V> xv[U];
 #pragma unroll
-      for (int u = 0; u < UU; ++u) {
-        if constexpr (kWhole) {
-          xv[u] = load_vec<scalar_t, V>(row_at(x, src_ok.clamp(cur.i[u]), HD));
-        } else {
-          xv[u] = load_vec_if<scalar_t, V>(valid && u < left && src_ok(cur.i[u]),
-                                          row_at(x, cur.i[u], HD));
-        }
-      }
+    for (int u = 0; u < U; ++u)
+      xv[u] = load_vec_if<scalar_t, V>(valid && u < left && src_ok(cur.i[u]),
+                                      row_at(x, cur.i[u], HD));
+    acc_t w[kSlots];
 #pragma unroll
-      for (int s = 0; s < kUsed; ++s) {
-        if constexpr (kWhole) {
-          w[s] = static_cast<acc_t>(
-              load_vec<scalar_t, 1>(row_at(weight, edge_ok.clamp(cur.eq[s]), H)).val[0]);
-        } else {
-          w[s] = load_value_if(valid && s * kS + q < left && edge_ok(cur.eq[s]),
-                               row_at(weight, cur.eq[s], H));
-        }
-      }
+    for (int s = 0; s < kSlots; ++s)
+      w[s] = load_value_if(valid && s * kS + q < left && edge_ok(cur.eq[s]),
+                           row_at(weight, cur.eq[s], H));
 #pragma unroll
-      for (int u = 0; u < UU; ++u) {
-        const acc_t wu = __shfl_sync(mask, w[u / kS], head_base + (u % kS));
-        axpy_vec(acc[0], wu, xv[u]);
-      }
-    };
-    using std::integral_constant;
-    if (PMA_GATHER_WHOLE_STEP != 0 && left >= U) {  // group-uniform
-      entries(integral_constant<int, U>(), std::true_type());
-    } else if (PMA_GATHER_HALF_STEP != 0 && left <= U / 2) {
-      entries(integral_constant<int, U / 2>(), std::false_type());
-    } else {
-      entries(integral_constant<int, U>(), std::false_type());
+    for (int u = 0; u < U; ++u) {
+      const acc_t wu = __shfl_sync(mask, w[u / kS], head_base + (u % kS));
+      axpy_vec(acc[0], wu, xv[u]);
     }
     if constexpr (kPrefetch) cur = next;
   }
@@ -710,11 +667,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
 template <typename scalar_t, typename index_t>
 void launch_gather(GatherParams<scalar_t, index_t> p, const at::TensorOptions& options) {
-  if (p.num_src == 0) {  // every entry is out of range (whole steps clamp to a row of x)
-    C10_CUDA_CHECK(cudaMemsetAsync(p.out, 0, p.num_rows * p.HD * sizeof(scalar_t),
-                                   c10::cuda::getCurrentCUDAStream()));
-    return;
-  }
   constexpr int kVec = vec_width<scalar_t>();
   const bool vectorised = p.D % kVec == 0 && is_aligned(p.x, 16) && is_aligned(p.out, 16);
   const auto c = lane_config(vectorised ? p.HD / kVec : p.HD, vectorised);
