@@ -603,7 +603,11 @@ __device__ __forceinline__ void for_each_slice_or_row(const index_t* ptr, int64_
 // 10 every row took a block: 35 us on arxiv-like, where 2691 of its 2812
 // sliced CSC columns have at most 8 slices, each block waiting for its row's
 // indices, its loads and two barriers.)
-constexpr int kWarpSlices = 16;
+#ifndef PMA_SUM_SLICES_WARP
+#define PMA_SUM_SLICES_WARP 1
+#endif
+// 0: every sliced row takes a block (the session-9 layout, for an A/B).
+constexpr int kWarpSlices = PMA_SUM_SLICES_WARP != 0 ? 16 : 0;
 
 template <typename scalar_t, typename index_t, typename acc_t>
 __global__ void __launch_bounds__(kThreads)
@@ -613,7 +617,7 @@ __global__ void __launch_bounds__(kThreads)
                       int width_b, bool vec_a) {
   constexpr int kWarps = kThreads / 32;
   __shared__ acc_t red[kWarps][32 * 4];
-  __shared__ bool s_big[kThreads];
+  __shared__ unsigned s_big[kWarps];  // phase 1: which candidates are long, per warp
   const int64_t num_long = static_cast<int64_t>(sl.counters[0]);
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   auto num_slices = [&](int64_t li) {
@@ -622,24 +626,46 @@ __global__ void __launch_bounds__(kThreads)
     return (hi - lo + sl.slice_len - 1) / sl.slice_len;
   };
   // This lane's sum over slots [k0, k1) of features [c0 + lane * 4, + 4)
-  // (vec) or c0 + lane, in slot order.
+  // (vec) or c0 + lane, in slot order, kBatch loads in flight: written as a
+  // plain loop, ptxas used each load right after issuing it (one round trip
+  // per slot: the hub's 75 slots per warp took most of the 35 us).
   auto lane_sum = [&](const acc_t* part, int width, bool vec, int64_t base, int64_t k0,
                       int64_t k1, int c0, acc_t (&s)[4]) {
+    constexpr int kBatch = 8;
     s[0] = s[1] = s[2] = s[3] = 0;
     if (vec) {
       const int c = c0 + lane * 4;
       if (c >= width) return;
-#pragma unroll 16
-      for (int64_t k = k0; k < k1; ++k) {
-        const Vec<acc_t, 4> v = *reinterpret_cast<const Vec<acc_t, 4>*>(part + (base + k) * width + c);
+      for (int64_t k = k0; k < k1; k += kBatch) {
+        Vec<acc_t, 4> v[kBatch];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) s[i] += v.val[i];
+        for (int b = 0; b < kBatch; ++b) {
+          const acc_t* q = part + (base + k + b) * width + c;
+          if constexpr (sizeof(acc_t) == 4) {
+            v[b] = load_vec_if<acc_t, 4>(k + b < k1, q);
+          } else {  // double: two 16-byte loads
+            const auto lo2 = load_vec_if<acc_t, 2>(k + b < k1, q);
+            const auto hi2 = load_vec_if<acc_t, 2>(k + b < k1, q + 2);
+            v[b].val[0] = lo2.val[0], v[b].val[1] = lo2.val[1];
+            v[b].val[2] = hi2.val[0], v[b].val[3] = hi2.val[1];
+          }
+        }
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) s[i] += v[b].val[i];
       }
     } else {
       const int c = c0 + lane;
       if (c >= width) return;
-#pragma unroll 16
-      for (int64_t k = k0; k < k1; ++k) s[0] += part[(base + k) * width + c];
+      for (int64_t k = k0; k < k1; k += kBatch) {
+        acc_t v[kBatch];
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b)
+          v[b] = load_value_if(k + b < k1, part + (base + k + b) * width + c);
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) s[0] += v[b];
+      }
     }
   };
   // A long row with the whole block.
@@ -684,22 +710,25 @@ __global__ void __launch_bounds__(kThreads)
     }
   };
   // Phase 1: block b takes the rows b, b + grid, ... of more than kWarpSlices
-  // slots (one thread per candidate finds them, in order).
+  // slots, in that order (one thread per candidate finds them).
   for (int64_t j0 = 0;; j0 += kThreads) {  // block-uniform
     if (blockIdx.x + j0 * gridDim.x >= num_long) break;
     const int64_t li = blockIdx.x + (j0 + threadIdx.x) * gridDim.x;
-    s_big[threadIdx.x] = li < num_long && num_slices(li) > kWarpSlices;
-    __syncthreads();
-    for (int j = 0; j < kThreads; ++j) {
-      if (!s_big[j]) continue;  // block-uniform
-      const int64_t lj = blockIdx.x + (j0 + j) * gridDim.x;
-      const int64_t r = sl.long_rows[lj], base = sl.long_base[lj], n = num_slices(lj);
-      const int64_t per = (n + kWarps - 1) / kWarps;
-      const int64_t k0 = min(n, warp * per), k1 = min(n, k0 + per);
-      block_part(part_a, out_a, width_a, vec_a, r, base, k0, k1);
-      if (width_b > 0) block_part(part_b, out_b, width_b, false, r, base, k0, k1);
+    const bool big = li < num_long && num_slices(li) > kWarpSlices;
+    const unsigned ballot = __ballot_sync(0xffffffffu, big);
+    if (lane == 0) s_big[warp] = ballot;
+    if (!__syncthreads_or(big)) continue;  // (also the barrier after the s_big writes)
+    for (int w = 0; w < kWarps; ++w) {
+      for (unsigned m = s_big[w]; m != 0; m &= m - 1) {  // block-uniform
+        const int64_t lj = blockIdx.x + (j0 + w * 32 + __ffs(m) - 1) * gridDim.x;
+        const int64_t r = sl.long_rows[lj], base = sl.long_base[lj], n = num_slices(lj);
+        const int64_t per = (n + kWarps - 1) / kWarps;
+        const int64_t k0 = min(n, warp * per), k1 = min(n, k0 + per);
+        block_part(part_a, out_a, width_a, vec_a, r, base, k0, k1);
+        if (width_b > 0) block_part(part_b, out_b, width_b, false, r, base, k0, k1);
+      }
     }
-    __syncthreads();
+    __syncthreads();  // s_big is read before the next round writes it
   }
   // Phase 2: warp w of the grid takes the rows w, w + warps, ... of at most
   // kWarpSlices slots.
