@@ -592,17 +592,19 @@ __device__ __forceinline__ void for_each_slice_or_row(const index_t* ptr, int64_
 
 // The second kernel of a sliced pass: for every sliced row r, out_a[r, f] =
 // the sum of part_a[slot, f] over r's slots, f < width_a, and the same for b
-// (width_b may be 0), in a fixed order, so deterministic. Rows of at most
-// kWarpSlices slots go to one warp each, which sums them in slot order with
-// all of its loads in flight. Longer rows (the hubs: ~600 slices on
-// arxiv-like) go to a whole block first: its 8 warps each sum a contiguous
-// eighth of the row's slots in slot order, and the 8 partials are added in
-// warp order. 16-byte loads of part_a when width_a is a multiple of 4.
-// (Until session 8 one thread summed all of a feature's slots: the hub's
-// serial chain made the kernel 120-150 us whatever the graph; until session
-// 10 every row took a block: 35 us on arxiv-like, where 2691 of its 2812
-// sliced CSC columns have at most 8 slices, each block waiting for its row's
-// indices, its loads and two barriers.)
+// (width_b may be 0), in a fixed order, so deterministic. Rows of more than
+// kWarpSlices slots (the hubs: ~600 slices on arxiv-like) take a whole block,
+// first: its 8 warps each sum a contiguous eighth of the row's slots in slot
+// order, and the 8 partials are added in warp order. Every other row takes
+// one warp, which sums its slots in slot order, no barrier. Slots are loaded
+// in predicated batches (lane_sum), 16-byte loads of part_a when width_a is
+// a multiple of 4. History (arxiv-like spmm backward): one thread summed all
+// of a feature's slots until session 8 (120-150 us whatever the graph); then
+// a block per row, 35 us; session 10 found that the slot loop had one load
+// in flight (ptxas used each load right after issuing it, so the hub's 75
+// slots per warp were 75 round trips) and moved the short rows (2691 of
+// 2812 columns have at most 8 slots) to warps: 16 us; a block per row with
+// the batched loads measured 19 us.
 #ifndef PMA_SUM_SLICES_WARP
 #define PMA_SUM_SLICES_WARP 1
 #endif
@@ -626,9 +628,9 @@ __global__ void __launch_bounds__(kThreads)
     return (hi - lo + sl.slice_len - 1) / sl.slice_len;
   };
   // This lane's sum over slots [k0, k1) of features [c0 + lane * 4, + 4)
-  // (vec) or c0 + lane, in slot order, kBatch loads in flight: written as a
-  // plain loop, ptxas used each load right after issuing it (one round trip
-  // per slot: the hub's 75 slots per warp took most of the 35 us).
+  // (vec) or c0 + lane, in slot order, kBatch predicated loads at a time
+  // (the SASS issues 5 of the 8 before the first add: ptxas reuses the first
+  // loads' registers for the last three).
   auto lane_sum = [&](const acc_t* part, int width, bool vec, int64_t base, int64_t k0,
                       int64_t k1, int c0, acc_t (&s)[4]) {
     constexpr int kBatch = 8;
