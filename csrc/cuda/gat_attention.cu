@@ -1350,21 +1350,33 @@ __global__ void __launch_bounds__(kThreads)
                           scalar_t* __restrict__ grad_s_dst, acc_t* __restrict__ part,
                           int64_t num_edges, int H, const SliceList sl) {
   const int lane = threadIdx.x & 31;
+  // z[first], z[first + stride], ... below n, added in that order, 8
+  // predicated loads at a time (the added zeros change no sum). Written as
+  // an unrolled loop, a short row (56 values on arxiv-like: two per lane)
+  // ran the loop's remainder, one load after the other.
+  auto strided_sum = [&](const acc_t* z, int64_t n, int first, int stride) {
+    constexpr int kBatch = 8;
+    acc_t s = 0;
+    for (int64_t k = first; k < n; k += static_cast<int64_t>(stride) * kBatch) {
+      acc_t v[kBatch];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) v[b] = load_value_if(k + b * stride < n, z + k + b * stride);
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) s += v[b];
+    }
+    return s;
+  };
   auto sum = [&](int64_t lo, int64_t hi) {
     const acc_t* z = grad_z + lo * H;
     const int64_t n = (hi - lo) * H;
     acc_t s = 0;
     if constexpr (kDividesWarp) {  // W = 32
-#pragma unroll 8
-      for (int64_t k = lane; k < n; k += 32) s += z[k];
+      s = strided_sum(z, n, lane, 32);
       for (int off = 16; off >= H; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
       return s;
     } else {
       const int per_head = 32 / H, W = per_head * H;
-      if (lane < W) {
-#pragma unroll 8
-        for (int64_t k = lane; k < n; k += W) s += z[k];
-      }
+      if (lane < W) s = strided_sum(z, n, lane, W);
       acc_t t = s;
       for (int j = 1; j < per_head; ++j) t += __shfl_down_sync(0xffffffffu, s, j * H);
       return t;
