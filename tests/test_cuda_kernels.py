@@ -181,8 +181,8 @@ def test_forward_transposed_weights(heads, channels, dtype, monkeypatch):
 def test_gather_rows_around_the_step(heads, channels, dtype, index_dtype, monkeypatch):
     """Rows of every length around the gathers' 8-entry step (0, 1, 7, 8, 9,
     16, 17, ...; the last step is partial, predicated) and long rows (a whole
-    block) in a shuffled order, so that each kind follows each other kind in
-    a group's rows; the forward and the CSC grad_x gather, both row layouts."""
+    block), shuffled; the forward and the CSC grad_x gather, a row per group
+    of lanes and a row per warp."""
     gen = torch.Generator().manual_seed(heads * 1000 + channels)
     pattern = torch.tensor([0, 1, 2, 7, 8, 9, 15, 16, 17, 24, 3, 0, 200, 5, 33, 64, 65, 4])
     deg = pattern.repeat(40)[torch.randperm(40 * pattern.numel(), generator=gen)]
