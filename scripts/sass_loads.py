@@ -9,10 +9,14 @@ result. An unrolled step of U gathers, all issued before any is used, averages
 (U - 1) / 2 (3.5 for U = 8); gathers that wait for one another average 0.
 Session 5 found the bf16/fp16 gather kernels at 0.0-0.5 this way (a branch
 per load, the half-precision unpacking inside it), before any GPU time was
-spent.
+spent. ``--width any --in-loops`` counts every global load inside a loop
+and how many of them are used with no other load in flight: session 10
+found the slice sums' and the row sums' loops so (one load per round trip,
+``s += part[k]``), after a GPU run had shown it only as time.
 
     python scripts/sass_loads.py csrc/cuda/multihead_spmm.cu --filter "gather_kernel<float, int"
     python scripts/sass_loads.py --obj build/.../gat_attention.o
+    python scripts/sass_loads.py --obj build/.../gat_attention.o --width any --in-loops
 
 Needs nvcc (CUDA 12.x/13.x) and cuobjdump: from PATH, $CUDA_HOME/bin, or the
 PyPI wheel ``nvidia-cuda-cuobjdump`` (``pip install nvidia-cuda-cuobjdump``;
@@ -96,14 +100,31 @@ def registers_read(operands):
     return regs
 
 
-def gathers_in_flight(body):
-    """For each LDG.E.128, the other LDG.E.128 issued before its result is read
-    (instructions in address order, branches ignored)."""
+def loop_ranges(ins):
+    """(start, end) addresses of the innermost loops: the bodies of backward
+    branches that hold no other such body (a persistent kernel's row loop
+    holds everything)."""
+    ranges = []
+    for addr, text in ins:
+        m = re.search(r"BRA\s+.*?0x([0-9a-f]+)", text)
+        if m and "DIV" not in text and int(m.group(1), 16) < addr:
+            ranges.append((int(m.group(1), 16), addr))
+    return [(a, b) for a, b in ranges
+            if not any((c, d) != (a, b) and a <= c and d <= b for c, d in ranges)]
+
+
+def gathers_in_flight(body, width="128", in_loops=False):
+    """For each global load of the given width (LDG.E.128, or any LDG with
+    width "any"), the other such loads issued before its result is read
+    (instructions in address order, branches ignored). in_loops: only the
+    loads inside an innermost loop."""
+    ins = [(int(a, 16), t) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", body)]
+    loops = loop_ranges(ins) if in_loops else None
     pending, counts = [], []
-    for ins in re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", body):
-        ins = re.sub(r"^@!?U?P\w+\s+", "", ins.strip())
-        op = ins.split()[0]
-        operands = ins[len(op):]
+    for addr, ins_text in ins:
+        ins_text = re.sub(r"^@!?U?P\w+\s+", "", ins_text.strip())
+        op = ins_text.split()[0]
+        operands = ins_text[len(op):]
         if op.startswith(("ST", "RED", "ATOM")):
             read = registers_read(operands)
         else:
@@ -112,11 +133,13 @@ def gathers_in_flight(body):
         for regs, n in pending:
             (counts.append(n) if regs & read else still.append([regs, n]))
         pending = still
-        if op.startswith("LDG.E.128"):
+        is_load = op.startswith("LDG.E.128") if width == "128" else op.startswith("LDG")
+        if is_load and (loops is None or any(a <= addr <= b for a, b in loops)):
             for p in pending:
                 p[1] += 1
+            size = 4 if ".128" in op else 2 if ".64" in op else 1
             first = int(re.search(r"R(\d+)", operands).group(1))
-            pending.append([set(range(first, first + 4)), 0])
+            pending.append([set(range(first, first + size)), 0])
     return counts
 
 
@@ -127,6 +150,10 @@ def main():
     parser.add_argument("--filter", default="", help="only kernels whose name contains this")
     parser.add_argument("-D", dest="defines", action="append", default=[],
                         help="a macro for nvcc (e.g. -D PMA_BACKWARD_ENTRIES=4), repeatable")
+    parser.add_argument("--width", choices=["128", "any"], default="128",
+                        help="which global loads: 16-byte ones (the row gathers) or all")
+    parser.add_argument("--in-loops", action="store_true",
+                        help="only the loads inside innermost loops (backward branches)")
     args = parser.parse_args()
     if not args.source and not args.obj:
         parser.error("give a .cu file or --obj")
@@ -142,19 +169,22 @@ def main():
     demangled = subprocess.run(["c++filt"], input="\n".join(n.split("\n", 1)[0].strip()
                                                           for n in names),
                                capture_output=True, text=True).stdout.splitlines()
-    print("| kernel | registers | spill bytes | 16-byte loads | mean gathers in flight |")
-    print("|---|---|---|---|---|")
+    what = "16-byte loads" if args.width == "128" else "global loads"
+    print(f"| kernel | registers | spill bytes | {what} | mean others in flight | "
+          "used with none in flight |")
+    print("|---|---|---|---|---|---|")
     for body, name in zip(names, demangled, strict=True):
         mangled = body.split("\n", 1)[0].strip()
         name = name.replace("pyg_multihead_agg::(anonymous namespace)::", "")
         name = name.replace("c10::", "")
         if args.filter not in name:
             continue
-        counts = gathers_in_flight(body)
+        counts = gathers_in_flight(body, args.width, args.in_loops)
         regs, spill = usage.get(mangled, ("-", "-"))
         mean = f"{sum(counts) / len(counts):.1f}" if counts else "-"
         short = re.sub(r"\(.*", "", name)
-        print(f"| `{short}` | {regs} | {spill} | {len(counts)} | {mean} |")
+        serial = sum(1 for n in counts if n == 0)
+        print(f"| `{short}` | {regs} | {spill} | {len(counts)} | {mean} | {serial} |")
 
 
 if __name__ == "__main__":
