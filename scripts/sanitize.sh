@@ -71,6 +71,7 @@ HUB=(
   "$K::test_power_law_with_hub[4-32-dtype2-index_dtype0]"
   "$K::test_power_law_with_hub[3-33-dtype1-index_dtype1]"
   "$K::test_power_law_with_hub[8-128-dtype0-index_dtype0]"
+  "$K::test_sliced_columns_every_size[4-32-dtype2]"
 )
 # The fused attention kernels: a head of 33 channels (scalar path), a hub row
 # (block-wide forward), every source a long CSC column (sliced backward),

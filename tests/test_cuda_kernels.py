@@ -152,6 +152,32 @@ def test_power_law_with_hub(heads, channels, dtype, index_dtype):
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("heads,channels", [(4, 32), (8, 16), (2, 64), (3, 33)])
+def test_sliced_columns_every_size(heads, channels, dtype):
+    """The backward over the CSC cuts columns of more than 64 entries (the
+    long threshold of a graph this small) into slices of 64, and
+    sum_slices_kernel adds a column's slices with one warp when it has at
+    most 16 of them, with a block when it has more. Columns of 2, 8, 9, 16
+    and 17 slices and a hub, on both sides of those boundaries."""
+    gen = torch.Generator().manual_seed(heads * 31 + channels)
+    lengths = [65, 128, 129, 512, 513, 576, 1024, 1025, 1088, 3000, 64, 5, 0, 1]
+    num_src, num_dst = len(lengths) + 20, 300
+    col = torch.cat([torch.full((n,), j) for j, n in enumerate(lengths)])
+    col = torch.cat([col, torch.randint(len(lengths), num_src, (400,), generator=gen)])
+    row = torch.randint(0, num_dst, (col.numel(),), generator=gen)
+    order = torch.argsort(row * num_src + col)  # CSR order (rows, then columns)
+    row, col = row[order], col[order]
+    rowptr = torch.zeros(num_dst + 1, dtype=torch.long)
+    rowptr[1:] = torch.bincount(row, minlength=num_dst).cumsum(0)
+    counts = torch.bincount(col, minlength=num_src)
+    assert counts[:10].tolist() == lengths[:10] and col.numel() < 64 * 32768
+    weight, x, grad_out = make_values(rowptr, col, num_src, heads, channels, dtype, gen)
+    for index_dtype in INDICES:
+        check_all_ops(rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype), weight, x,
+                      grad_out, dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("heads,channels", [(4, 16), (3, 32), (1, 32), (2, 64), (8, 8)])
 def test_forward_transposed_weights(heads, channels, dtype, monkeypatch):
     """The spmm forward with heads of 4 or 8 lanes loads each entry's weight in
