@@ -9,10 +9,12 @@ result. An unrolled step of U gathers, all issued before any is used, averages
 (U - 1) / 2 (3.5 for U = 8); gathers that wait for one another average 0.
 Session 5 found the bf16/fp16 gather kernels at 0.0-0.5 this way (a branch
 per load, the half-precision unpacking inside it), before any GPU time was
-spent. ``--width any --in-loops`` counts every global load inside a loop
-and how many of them are used with no other load in flight: session 10
-found the slice sums' and the row sums' loops so (one load per round trip,
-``s += part[k]``), after a GPU run had shown it only as time.
+spent. ``--width any --in-loops`` counts every global load inside an
+innermost loop and how many of them are used with no other load in flight.
+Run on session 9's build it flags the slice sums' loop (8 loads, none with
+another in flight: ``s += part[k]``, one round trip per slot), which
+session 10 found by hand after a GPU run had shown it only as time. It did
+not flag the row sums' one-load remainder loop, seen in the SASS by eye.
 
     python scripts/sass_loads.py csrc/cuda/multihead_spmm.cu --filter "gather_kernel<float, int"
     python scripts/sass_loads.py --obj build/.../gat_attention.o
