@@ -135,7 +135,10 @@ def gathers_in_flight(body, width="128", in_loops=False):
         for regs, n in pending:
             (counts.append(n) if regs & read else still.append([regs, n]))
         pending = still
-        is_load = op.startswith("LDG.E.128") if width == "128" else op.startswith("LDG")
+        # LDGSTS (cp.async) writes shared memory, not registers: its wait is a
+        # DEPBAR, so it is not counted here.
+        is_load = op.startswith("LDG.E.128") if width == "128" else (
+            op.startswith("LDG") and not op.startswith(("LDGSTS", "LDGDEPBAR")))
         if is_load and (loops is None or any(a <= addr <= b for a, b in loops)):
             for p in pending:
                 p[1] += 1
