@@ -5,8 +5,12 @@ on its own: ``multihead_spmm`` forward (float32, bfloat16), the fused
 ``gat_attention`` forward and its backward op (``gat_attention_backward``,
 given the CSC), and the plain copy ceiling. It is the quick loop for kernel
 tuning; ``bench_ops.py`` and ``bench_layer.py`` are the full comparisons with
-the peers. Results are checked against the float64 reference of the fused op
-on a subset of rows first (``--check``), so a fast wrong kernel cannot pass.
+the peers. Before timing, every call's results are checked against float64
+references on a subset (the first rows of the spmm forward and of the fused
+op, the first columns of grad_x and their edges' grad_weight); an error above
+the dtype's tolerance stops the run, so a fast wrong kernel cannot be timed.
+``--no-check`` still prints the errors but times anyway (session 11 timed a
+deliberately wrong bound that way).
 
 Also the driver for Nsight Compute: ``--ncu`` runs each call once, after one
 warm-up, inside ``cudaProfilerStart/Stop`` so that ``ncu --profile-from-start
@@ -62,6 +66,46 @@ def check_fused(g, x, s_src, s_dst, grad, out, grads, rows=2000):
     return errs
 
 
+def check_spmm(g, csc, w, x, grad, out, grads, rows=2000, cols=256):
+    """Float64 references of the spmm forward on the first `rows` destinations
+    and of its backward on the first `cols` sources (grad_x, and grad_weight
+    of those sources' edges, found through the CSC)."""
+    rowptr, col = g.rowptr, g.col
+    colptr, row, perm = csc
+    rows = min(rows, rowptr.numel() - 1)
+    hi = int(rowptr[rows])
+    r = torch.repeat_interleave(torch.arange(rows, device=x.device),
+                                rowptr[1:rows + 1] - rowptr[:rows])
+    ref = torch.zeros(rows, x.size(1), x.size(2), dtype=torch.float64, device=x.device)
+    ref.index_add_(0, r, w[:hi].double().unsqueeze(-1) * x[col[:hi].long()].double())
+    cols = min(cols, colptr.numel() - 1)
+    k_hi = int(colptr[cols])
+    j = torch.repeat_interleave(torch.arange(cols, device=x.device),
+                                colptr[1:cols + 1] - colptr[:cols])
+    e, i = perm[:k_hi].long(), row[:k_hi].long()
+    ref_gx = torch.zeros(cols, x.size(1), x.size(2), dtype=torch.float64, device=x.device)
+    ref_gx.index_add_(0, j, w[e].double().unsqueeze(-1) * grad[i].double())
+    ref_gw = (grad[i].double() * x[j].double()).sum(-1)
+    gx, gw = grads
+
+    def rel(got, want):
+        return (got.double() - want).abs().max().item() / max(want.abs().max().item(), 1e-30)
+
+    return {"out": rel(out[:rows], ref), "grad_x": rel(gx[:cols], ref_gx),
+            "grad_weight": rel(gw[e], ref_gw)}
+
+
+# Largest relative error (max |error| / max |reference|) a check accepts.
+TOLERANCE = {"float64": 1e-10, "float32": 1e-4, "bfloat16": 3e-2, "float16": 1e-2}
+
+
+def enforce(errs, dt, what, check):
+    bad = {k: v for k, v in errs.items() if not v <= TOLERANCE[dt]}
+    if bad and check:
+        raise SystemExit(f"{what} {dt}: relative error {bad} above {TOLERANCE[dt]:g}; "
+                         "not timing a wrong kernel (--no-check times it anyway)")
+
+
 def profile_calls(g, dt, calls, repeats=5):
     """Per-kernel CUDA time of each call (torch.profiler, `repeats` calls after
     a warm-up): which launches a call's time is made of (work lists, the main
@@ -87,7 +131,7 @@ def profile_calls(g, dt, calls, repeats=5):
     return rows
 
 
-def bench_dtype(g, csc, dtype, device, ncu, profile=False):
+def bench_dtype(g, csc, dtype, device, ncu, profile=False, check=True):
     """Times (or, with ncu, runs once for the profiler) each call in one dtype."""
     dt = str(dtype).replace("torch.", "")
     x, s_src, s_dst, grad = fused_inputs(g, dtype, device)
@@ -116,14 +160,18 @@ def bench_dtype(g, csc, dtype, device, ncu, profile=False):
     if profile:
         return profile_calls(g, dt, calls)
     errs = check_fused(g, x, s_src, s_dst, grad, out, calls["gat_bwd"]())
+    spmm_errs = check_spmm(g, csc, w, x, grad, calls["spmm_fwd"](), calls["spmm_bwd_csc"]())
+    print(f"{g.name:14s} {dt:9s} spmm rel err {spmm_errs}", flush=True)
+    enforce(errs, dt, f"{g.name} gat", check)
+    enforce(spmm_errs, dt, f"{g.name} spmm", check)
     nbytes = gather_bytes(g.num_edges, g.num_nodes, g.heads, g.channels, x.element_size())
     rows = []
     for key, fn in calls.items():
         ms = statistics.median(time_fn(fn, device, repeats=10, budget_s=0.5))
         r = {"shape": g.name, "dtype": dt, "call": key, "ms": ms,
              "gather_GBps": nbytes / ms / 1e6}
-        if key.startswith("gat"):
-            r.update({f"err_{k}": v for k, v in errs.items()})
+        r.update({f"err_{k}": v for k, v in (errs if key.startswith("gat") else
+                                               spmm_errs).items()})
         rows.append(r)
         print(f"{g.name:14s} {dt:9s} {key:13s} {ms:8.3f} ms  {nbytes / ms / 1e6:6.0f} GB/s"
               + (f"  rel err {errs}" if key == "gat_bwd" else ""), flush=True)
@@ -139,6 +187,8 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true",
                         help="per-kernel CUDA times of each call (torch.profiler), no timing")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--no-check", dest="check", action="store_false",
+                        help="time even when a result is off its float64 reference")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -154,7 +204,8 @@ def main() -> None:
         csc = pma.csr_to_csc(g.rowptr, g.col, g.num_nodes)
         print(f"## {g}", flush=True)
         for dt in args.dtypes.split(","):
-            rows += bench_dtype(g, csc, getattr(torch, dt), device, args.ncu, args.profile)
+            rows += bench_dtype(g, csc, getattr(torch, dt), device, args.ncu, args.profile,
+                                args.check)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     if args.out:
