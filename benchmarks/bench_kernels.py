@@ -27,7 +27,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import copy_bandwidth, environment, gather_bytes, time_fn  # noqa: E402
+from common import TOLERANCE, copy_bandwidth, environment, gather_bytes, rel_error, time_fn  # noqa: E402
 from graphs import make_graph  # noqa: E402
 
 import pyg_multihead_agg as pma  # noqa: E402
@@ -87,22 +87,17 @@ def check_spmm(g, csc, w, x, grad, out, grads, rows=2000, cols=256):
     ref_gx.index_add_(0, j, w[e].double().unsqueeze(-1) * grad[i].double())
     ref_gw = (grad[i].double() * x[j].double()).sum(-1)
     gx, gw = grads
-
-    def rel(got, want):
-        return (got.double() - want).abs().max().item() / max(want.abs().max().item(), 1e-30)
-
-    return {"out": rel(out[:rows], ref), "grad_x": rel(gx[:cols], ref_gx),
-            "grad_weight": rel(gw[e], ref_gw)}
+    return {"out": rel_error(out[:rows], ref), "grad_x": rel_error(gx[:cols], ref_gx),
+            "grad_weight": rel_error(gw[e], ref_gw)}
 
 
-# Largest relative error (max |error| / max |reference|) a check accepts.
-TOLERANCE = {"float64": 1e-10, "float32": 1e-4, "bfloat16": 3e-2, "float16": 1e-2}
-
-
-def enforce(errs, dt, what, check):
-    bad = {k: v for k, v in errs.items() if not v <= TOLERANCE[dt]}
+def enforce(errs, dtype, what, check):
+    """Stops the run (unless not `check`) when an error is above the
+    benchmarks' tolerance for `dtype` (common.TOLERANCE, as bench_ops)."""
+    tol = TOLERANCE[dtype]
+    bad = {k: v for k, v in errs.items() if not v <= tol}
     if bad and check:
-        raise SystemExit(f"{what} {dt}: relative error {bad} above {TOLERANCE[dt]:g}; "
+        raise SystemExit(f"{what} {dtype}: relative error {bad} above {tol:g}; "
                          "not timing a wrong kernel (--no-check times it anyway)")
 
 
@@ -162,8 +157,8 @@ def bench_dtype(g, csc, dtype, device, ncu, profile=False, check=True):
     errs = check_fused(g, x, s_src, s_dst, grad, out, calls["gat_bwd"]())
     spmm_errs = check_spmm(g, csc, w, x, grad, calls["spmm_fwd"](), calls["spmm_bwd_csc"]())
     print(f"{g.name:14s} {dt:9s} spmm rel err {spmm_errs}", flush=True)
-    enforce(errs, dt, f"{g.name} gat", check)
-    enforce(spmm_errs, dt, f"{g.name} spmm", check)
+    enforce(errs, dtype, f"{g.name} gat", check)
+    enforce(spmm_errs, dtype, f"{g.name} spmm", check)
     nbytes = gather_bytes(g.num_edges, g.num_nodes, g.heads, g.channels, x.element_size())
     rows = []
     for key, fn in calls.items():

@@ -29,8 +29,8 @@ def test_spmm_check_passes_the_kernels(spmm_case):
     g, csc, w, x, grad, out, gx, gw = spmm_case
     errs = bk.check_spmm(g, csc, w, x, grad, out, (gx, gw))
     assert set(errs) == {"out", "grad_x", "grad_weight"}
-    assert all(v <= bk.TOLERANCE["float32"] for v in errs.values()), errs
-    bk.enforce(errs, "float32", "cora-like spmm", True)
+    assert all(v <= bk.TOLERANCE[torch.float32] for v in errs.values()), errs
+    bk.enforce(errs, torch.float32, "cora-like spmm", True)
 
 
 @pytest.mark.parametrize("wrong", ["out", "grad_x", "grad_weight"])
@@ -41,10 +41,10 @@ def test_spmm_check_stops_a_wrong_result(spmm_case, wrong):
     errs = bk.check_spmm(g, csc, w, x, grad, got["out"], (got["grad_x"], got["grad_weight"]))
     assert errs[wrong] > 0.1, errs
     with pytest.raises(SystemExit, match=wrong):
-        bk.enforce(errs, "float32", "cora-like spmm", True)
-    bk.enforce(errs, "float32", "cora-like spmm", False)  # --no-check: reported, timed anyway
+        bk.enforce(errs, torch.float32, "cora-like spmm", True)
+    bk.enforce(errs, torch.float32, "cora-like spmm", False)  # --no-check: reported, timed anyway
 
 
 def test_nan_is_never_within_tolerance():
     with pytest.raises(SystemExit):
-        bk.enforce({"out": float("nan")}, "bfloat16", "x", True)
+        bk.enforce({"out": float("nan")}, torch.bfloat16, "x", True)
