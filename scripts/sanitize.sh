@@ -103,6 +103,13 @@ TRANSPOSED=(
   "$K::test_gather_rows_around_the_step[4-32-dtype2-index_dtype0]"
   "$K::test_gather_rows_around_the_step[2-64-dtype1-index_dtype0]"
 )
+# Fetches sorted by degree (FetchOrder, 2-byte types): two rows a warp, and
+# fetches of 64 items in two windows of 32 (G = 4).
+SORTED=(
+  "$K::test_sorted_fetch_same_results[4-32-dtype1-index_dtype0]"
+  "$K::test_sorted_fetch_same_results[1-32-dtype1-index_dtype1]"
+  "$K::test_sorted_fetch_same_results[3-32-dtype0-index_dtype0]"
+)
 # The device=cuda cases of the malformed-input catalogue and the properties
 # (with HYPOTHESIS_PROFILE=sanitize: a few examples each); `-k cuda` keeps
 # every test_cuda_kernels.py test too, through its module name.
@@ -120,12 +127,14 @@ OURS=(--kernel-name kns=pyg_multihead_agg)
 selection() {
   case "$1" in
     memcheck) echo "${SMALL[@]}" "${NARROW[@]}" "${HUB[@]}" "${GAT[@]}" "${TRANSPOSED[@]}" \
-      "${MALFORMED[@]}";;
+      "${SORTED[@]}" "${MALFORMED[@]}";;
     memcheck_large) echo "tests/test_large_index.py::test_many_source_rows[4-64-index_dtype0]";;
-    racecheck) echo "${HUB[@]}" "${SMALL[0]}" "${SMALL[2]}" "${GAT[@]:1:2}" "${GAT[@]:4:2}";;
+    racecheck) echo "${HUB[@]}" "${SMALL[0]}" "${SMALL[2]}" "${GAT[@]:1:2}" "${GAT[@]:4:2}" \
+      "${SORTED[@]:0:1}";;
     initcheck) echo "${SMALL[@]:0:3}" "${NARROW[0]}" "${HUB[0]}" \
       "$K::test_malformed_graphs_do_not_fault" "${GAT[@]}" "${TRANSPOSED[@]}";;
-    synccheck) echo "${SMALL[@]:0:3}" "${NARROW[0]}" "${HUB[@]}" "${GAT[@]}" "${TRANSPOSED[@]}";;
+    synccheck) echo "${SMALL[@]:0:3}" "${NARROW[0]}" "${HUB[@]}" "${GAT[@]}" "${TRANSPOSED[@]}" \
+      "${SORTED[@]}";;
   esac
 }
 

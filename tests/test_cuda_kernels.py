@@ -286,6 +286,42 @@ def test_dot_products_both_layouts(heads, channels, dtype, monkeypatch):
                 assert torch.equal(a, b), name
 
 
+@pytest.mark.parametrize("index_dtype", INDICES)
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("heads,channels", [(4, 32), (4, 16), (1, 32), (1, 8), (1, 1), (3, 32),
+                                            (4, 64)])
+def test_sorted_fetch_same_results(heads, channels, dtype, index_dtype, monkeypatch):
+    """The kernels of 2-byte types sort a warp's fetch of short rows by degree
+    before its groups take them (PYG_MULTIHEAD_AGG_SORT_FETCH=1, the default),
+    or take them in fetch order (0); the others always do the latter. Rows
+    narrower than a warp (2 to 32 groups a warp; fetches of 64 items, two
+    sorted windows of 32, at 8 groups; none sorted above), on rows of many
+    lengths, empty and long ones among them, and a row count that is no
+    multiple of a fetch: every op matches the reference both ways, and the two
+    are bitwise equal (only which group computes a row changes)."""
+    gen = torch.Generator().manual_seed(heads * 31 + channels)
+    pattern = torch.tensor([0, 1, 2, 3, 5, 7, 8, 9, 12, 16, 17, 23, 31, 40, 64, 0, 1, 300])
+    deg = pattern.repeat(58)[torch.randperm(58 * pattern.numel(), generator=gen)][:1037]
+    num_src = 700
+    rowptr, col = csr_from_degrees(deg, num_src, gen, skew=2.0)
+    weight, x, grad_out = make_values(rowptr, col, num_src, heads, channels, dtype, gen)
+    rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
+    got = []
+    for sort in ("0", "1"):
+        monkeypatch.setenv("PYG_MULTIHEAD_AGG_SORT_FETCH", sort)
+        outs = check_all_ops(rowptr, col, weight, x, grad_out, dtype)
+        poison((rowptr.numel() - 1, heads, channels), dtype, "cuda")
+        monkeypatch.setenv("PYG_MULTIHEAD_AGG_SPLIT_ROWS", "0")  # a row per group
+        per_group = ops.multihead_spmm(rowptr, col, weight, x)
+        monkeypatch.delenv("PYG_MULTIHEAD_AGG_SPLIT_ROWS")
+        assert_close(per_group, reference_spmm(rowptr, col, weight, x), dtype,
+                     f"forward, a row per group, sort {sort}")
+        got.append((*outs, per_group))
+    for a, b, name in zip(*got, ("forward", "grad_x", "grad_weight", "forward per group"),
+                          strict=True):
+        assert torch.equal(a, b), name
+
+
 @pytest.mark.parametrize("name,value,expected", [
     ("PYG_MULTIHEAD_AGG_DOT_STEP", "2", "4 or 8"),
     ("PYG_MULTIHEAD_AGG_DOT_STEP", "16", "4 or 8"),
@@ -295,6 +331,8 @@ def test_dot_products_both_layouts(heads, channels, dtype, monkeypatch):
     ("PYG_MULTIHEAD_AGG_SPLIT_ROWS", "2", "0 or 1"),
     ("PYG_MULTIHEAD_AGG_SPLIT_ROWS", "1x", "0 or 1"),
     ("PYG_MULTIHEAD_AGG_SPLIT_ROWS", "-1", "0 or 1"),
+    ("PYG_MULTIHEAD_AGG_SORT_FETCH", "2", "0 or 1"),
+    ("PYG_MULTIHEAD_AGG_SORT_FETCH", "on", "0 or 1"),
 ])
 def test_tuning_flags_are_checked(name, value, expected, monkeypatch):
     """A bad value of a tuning variable raises, naming it and what it must be,

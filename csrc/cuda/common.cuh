@@ -437,6 +437,7 @@ struct WorkList {
   unsigned long long* counters;  // [0]: long rows found, [1]: next long row, [2]: next short item
   int64_t num_rows;
   int64_t long_threshold;        // rows with more edges than this are long
+  bool sort_fetch;               // sort a fetch's short rows by degree (FetchOrder)
 };
 
 // Short items a warp takes per atomic: fewer atomics on one counter against
@@ -456,6 +457,129 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Which item of a warp's fetch each group takes, round by round.
+//
+// When a warp holds several groups (G < 32), its groups run their items side
+// by side, and every round lasts as long as the longest of its items: a bf16
+// row of 4 x 32 features is 16 lanes, and a warp whose two rows have 1 and 3
+// steps runs 3 steps for 4 steps' work. With sort_fetch, the fetch's items
+// are sorted by their row's degree across the warp (a bitonic network over
+// the lanes, keys degree << 5 | position, so the order depends only on the
+// degrees), and round t's groups take the sorted items t * groups .. t *
+// groups + groups - 1: neighbours in length. Items of one row (items_per_row
+// > 1) have one degree and stay in position order, so they still share a
+// round. Each item's own computation is unchanged, so the results are
+// bitwise the same; only which group computes an item changes.
+// On the CPU-simulated short rows of the benchmark graphs (16 rows a fetch,
+// 8 entries a step), the entry slots filled go from 0.64 to 0.74 (arxiv-like
+// CSR) and from 0.58 / 0.61 / 0.71 to 0.70 / 0.73 / 0.87 (arxiv-, products-,
+// reddit-like CSC). Fetches of more than 32 items are sorted 32 at a time,
+// and fetches of more than kMaxSortedFetch (G = 1 or 2) are not sorted; only
+// kernels of 2-byte types sort (kSortFetch).
+// PYG_MULTIHEAD_AGG_SORT_FETCH=0 keeps the fetch order (A/B, tests).
+inline bool sort_fetch_enabled() {
+  return env_int("PYG_MULTIHEAD_AGG_SORT_FETCH", 1, {0, 1}) == 1;
+}
+
+// The sorted order of the items first .. first + n - 1 (n <= 32): lane i gets
+// the key of the i-th in degree order, degree << 5 | the item's position;
+// lanes >= n and items >= num_items get the largest keys, so they sort last
+// and decode to their own position. Every lane of the warp must call it.
+template <typename index_t>
+__device__ __forceinline__ unsigned sorted_fetch_key(const index_t* ptr, int64_t num_edges,
+                                                     int64_t first, int n, int64_t num_items,
+                                                     int items_per_row, int lane32) {
+  constexpr unsigned kMaxDegree = (1u << 27) - 2;  // real keys stay below the padding's
+  const int64_t item = first + lane32;
+  unsigned degree = kMaxDegree + 1;
+  if (lane32 < n && item < num_items) {
+    int64_t lo, hi;
+    row_range(ptr, items_per_row == 1 ? item : item / items_per_row, num_edges, lo, hi);
+    const int64_t entries = hi - lo;
+    degree = entries < kMaxDegree ? static_cast<unsigned>(entries) : kMaxDegree;
+  }
+  unsigned key = degree << 5 | static_cast<unsigned>(lane32);
+#pragma unroll
+  for (int k = 2; k <= 32; k <<= 1)
+#pragma unroll
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      const unsigned other = __shfl_xor_sync(0xffffffffu, key, j);
+      // ascending where lane & k is 0 (always in the last merge, k = 32)
+      key = (((lane32 & k) == 0) == ((lane32 & j) == 0)) ? min(key, other) : max(key, other);
+    }
+  return key;
+}
+
+constexpr int kMaxSortedFetch = 64;
+
+// Which kernels may sort their fetches: those of 2-byte types (the spmm
+// forward's transposed gathers when a warp runs several rows, the backward's
+// dot-gathers). Session 12 (H200, bf16): the forward on arxiv-like -5.8%, the
+// backward -0.8..-2.8%. The fused attention kernels measured 3-7% slower
+// forward and no faster backward with it, so they do not sort; float32 and
+// float64 kernels, whose registers are at their caps, spilled around their
+// step loops with even an unused sort path compiled in (and a warp of 128
+// float32 features is one group).
+template <typename scalar_t>
+constexpr bool kSortFetch = sizeof(scalar_t) == 2;
+
+// The order in which a warp's groups take the items of a fetch (rounds of one
+// item per group: position t * groups + group in round t). kSortable = false
+// compiles to the fetch order. Otherwise the positions come from a per-warp
+// table in shared memory, the identity until `sort` writes a fetch's sorted
+// order (fetches of at most kMaxSortedFetch items: G >= 4).
+template <bool kSortable>
+struct FetchOrder {
+  __device__ __forceinline__ static void init() {}
+  template <typename index_t>
+  __device__ __forceinline__ static void sort(bool, const index_t*, int64_t, int64_t, int,
+                                              int64_t, int) {}
+  __device__ __forceinline__ static int position(int pos) { return pos; }
+};
+
+template <>
+struct FetchOrder<true> {
+  // The warp's table (no state in registers: a pointer or flag kept here
+  // would be live across the step loops).
+  __device__ __forceinline__ static unsigned char* table() {
+    __shared__ unsigned char s_table[kThreads / 32][kMaxSortedFetch];
+    return s_table[threadIdx.x / 32];
+  }
+
+  // The identity order. Every lane of the warp must call it.
+  __device__ __forceinline__ static void init() {
+    __syncwarp();  // an earlier order's positions are read
+    for (int p = threadIdx.x & 31; p < kMaxSortedFetch; p += 32)
+      table()[p] = static_cast<unsigned char>(p);
+    __syncwarp();
+  }
+
+  // With `enabled` (warp-uniform), the fetch base .. base + groups_per_warp *
+  // kFetchRounds - 1 sorted by degree within windows of 32 items; items past
+  // num_items come last in their window, so a group's positions past the end
+  // still follow all of its positions below it. Every lane of the warp must
+  // call it.
+  template <typename index_t>
+  __device__ __forceinline__ static void sort(bool enabled, const index_t* ptr, int64_t num_edges,
+                                              int64_t base, int groups_per_warp,
+                                              int64_t num_items, int items_per_row) {
+    const int per_fetch = groups_per_warp * kFetchRounds;
+    if (!enabled || groups_per_warp == 1 || per_fetch > kMaxSortedFetch) return;
+    const int lane32 = threadIdx.x & 31;
+    __syncwarp();  // the previous fetch's positions are read
+    for (int w = 0; w < per_fetch; w += 32) {
+      const unsigned key = sorted_fetch_key(ptr, num_edges, base + w, min(32, per_fetch - w),
+                                            num_items, items_per_row, lane32);
+      table()[w + lane32] = static_cast<unsigned char>(w + static_cast<int>(key & 31u));
+    }
+    __syncwarp();
+  }
+
+  __device__ __forceinline__ static int position(int pos) {
+    return pos < kMaxSortedFetch ? table()[pos] : pos;
+  }
+};
+
 // The loop of a persistent kernel. Phase 1: the block takes long rows one at
 // a time from an atomic counter and runs `long_fn(r, lo, hi)` with all its
 // threads (it may synchronise the block). Phase 2: every warp takes
@@ -467,7 +591,7 @@ __global__ void __launch_bounds__(kThreads)
 // items go to neighbouring groups of a warp, so they share the row's indices
 // in L1. No block-wide barrier in phase 2: a warp whose rows are short goes
 // on at once instead of waiting for the longest row of a tile.
-template <typename index_t, typename ShortFn, typename LongFn>
+template <bool kSortable = false, typename index_t, typename ShortFn, typename LongFn>
 __device__ __forceinline__ void for_each_work_item(const index_t* ptr, int64_t num_edges,
                                                    const WorkList& wl, int G, int items_per_row,
                                                    ShortFn&& short_fn, LongFn&& long_fn) {
@@ -488,13 +612,21 @@ __device__ __forceinline__ void for_each_work_item(const index_t* ptr, int64_t n
   const int64_t num_items = wl.num_rows * items_per_row;
   const unsigned long long per_fetch = static_cast<unsigned long long>(groups_per_warp) *
                                        kFetchRounds;
+  using Order = FetchOrder<kSortable>;
+  Order::init();
   for (;;) {
     unsigned long long base = 0;
     if (lane32 == 0) base = atomicAdd(&wl.counters[2], per_fetch);
     base = __shfl_sync(0xffffffffu, base, 0);
     if (base >= static_cast<unsigned long long>(num_items)) break;  // warp-uniform
+    Order::sort(wl.sort_fetch, ptr, num_edges, static_cast<int64_t>(base), groups_per_warp,
+                num_items, items_per_row);
     for (int t = 0; t < kFetchRounds; ++t) {
-      const int64_t item = static_cast<int64_t>(base) + t * groups_per_warp + group;
+      // (without kSortable, the expression of the fetch order as it always was:
+      // a regrouped one changed the float32 kernels' register allocation)
+      const int64_t item =
+          kSortable ? static_cast<int64_t>(base) + Order::position(t * groups_per_warp + group)
+                    : static_cast<int64_t>(base) + t * groups_per_warp + group;
       if (item >= num_items) break;  // group-uniform
       const int64_t r = items_per_row == 1 ? item : item / items_per_row;
       int64_t lo, hi;
@@ -526,6 +658,7 @@ struct SliceList {
   int64_t num_rows;
   int64_t long_threshold;  // rows with more entries than this are sliced
   int64_t slice_len;       // entries per slice (the last one of a row: fewer)
+  bool sort_fetch;         // sort a fetch's short rows by degree (FetchOrder)
 };
 
 template <typename index_t>
@@ -554,7 +687,7 @@ __global__ void __launch_bounds__(kThreads)
 // from an atomic counter and run by one group of G lanes:
 // `slice_fn(slot, r, lo, hi)` with the slice's entries [lo, hi) of row r, and
 // `short_fn(r, lo, hi)`.
-template <typename index_t, typename SliceFn, typename ShortFn>
+template <bool kSortable = false, typename index_t, typename SliceFn, typename ShortFn>
 __device__ __forceinline__ void for_each_slice_or_row(const index_t* ptr, int64_t num_edges,
                                                       const SliceList& sl, int G,
                                                       SliceFn&& slice_fn, ShortFn&& short_fn) {
@@ -562,6 +695,10 @@ __device__ __forceinline__ void for_each_slice_or_row(const index_t* ptr, int64_
   const unsigned long long per_fetch = static_cast<unsigned long long>(groups_per_warp) *
                                        kFetchRounds;
   const int64_t num_slots = static_cast<int64_t>(sl.counters[1]);
+  // Slices all have slice_len entries but a row's last: only the short rows'
+  // fetches are sorted (FetchOrder; phase 0 keeps the identity order).
+  using Order = FetchOrder<kSortable>;
+  Order::init();
   for (int phase = 0; phase < 2; ++phase) {
     const int64_t num_items = phase == 0 ? num_slots : sl.num_rows;
     unsigned long long* counter = &sl.counters[2 + phase];
@@ -570,8 +707,12 @@ __device__ __forceinline__ void for_each_slice_or_row(const index_t* ptr, int64_
       if (lane32 == 0) base = atomicAdd(counter, per_fetch);
       base = __shfl_sync(0xffffffffu, base, 0);
       if (base >= static_cast<unsigned long long>(num_items)) break;  // warp-uniform
+      Order::sort(phase == 1 && sl.sort_fetch, ptr, num_edges, static_cast<int64_t>(base),
+                  groups_per_warp, num_items, 1);
       for (int t = 0; t < kFetchRounds; ++t) {
-        const int64_t item = static_cast<int64_t>(base) + t * groups_per_warp + group;
+        const int64_t item =
+            kSortable ? static_cast<int64_t>(base) + Order::position(t * groups_per_warp + group)
+                      : static_cast<int64_t>(base) + t * groups_per_warp + group;
         if (item >= num_items) break;  // group-uniform
         if (phase == 0) {
           const int64_t li = sl.slot_owner[item];
@@ -836,6 +977,7 @@ WorkList make_work_list(const index_t* ptr, int64_t num_rows, int64_t num_edges,
   wl.long_rows = storage.data_ptr<int64_t>() + 3;
   wl.num_rows = num_rows;
   wl.long_threshold = long_threshold(num_edges);
+  wl.sort_fetch = sort_fetch_enabled();
   C10_CUDA_CHECK(cudaMemsetAsync(wl.counters, 0, 3 * sizeof(unsigned long long), stream));
   const int blocks =
       static_cast<int>(std::min<int64_t>((num_rows + kThreads - 1) / kThreads, num_sms() * 8LL));
@@ -868,6 +1010,7 @@ SliceList make_slice_list(const index_t* ptr, int64_t num_rows, int64_t num_edge
   sl.num_rows = num_rows;
   sl.long_threshold = long_threshold(num_edges);
   sl.slice_len = sl.long_threshold;
+  sl.sort_fetch = sort_fetch_enabled();
   const int64_t max_long = max_long_rows(sl, num_edges);
   max_slots = 2 * num_edges / sl.long_threshold + 1;
   storage = at::empty({4 + 2 * max_long + max_slots}, options.dtype(at::kLong));

@@ -250,8 +250,10 @@ constexpr int gather_min_blocks() {
 }
 
 // kS = 4 or 8: gather_entries_transposed (one vector per lane, one chunk);
-// kS = 0: gather_entries.
-template <typename scalar_t, typename index_t, int V, int VPL, int kS>
+// kS = 0: gather_entries. kSort: the warps' fetches of rows sorted by degree
+// (FetchOrder; launched only for 2-byte types with several rows a warp, as
+// the split path measured 2-4% slower with the unused sort compiled in).
+template <typename scalar_t, typename index_t, int V, int VPL, int kS, bool kSort = false>
 __global__ void __launch_bounds__(kThreads, gather_min_blocks<kS>())
     gather_kernel(const GatherParams<scalar_t, index_t> p, const WorkList wl) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -299,7 +301,7 @@ __global__ void __launch_bounds__(kThreads, gather_min_blocks<kS>())
                                                   p.out + r * p.HD);
     }
   };
-  for_each_work_item(p.ptr, p.num_edges, wl, p.split ? 32 : G, 1, short_row, long_row);
+  for_each_work_item<kSort>(p.ptr, p.num_edges, wl, p.split ? 32 : G, 1, short_row, long_row);
 }
 
 // ---------------------------------------------------------------------------
@@ -583,7 +585,7 @@ __global__ void __launch_bounds__(kDotThreads, dot_min_blocks<scalar_t, VPL, kS,
     }
   };
   auto row = [&](int64_t r, int64_t lo, int64_t hi) { entries(-1, r, lo, hi); };
-  for_each_slice_or_row(p.ptr, p.num_edges, sl, G, entries, row);
+  for_each_slice_or_row<kSortFetch<scalar_t>>(p.ptr, p.num_edges, sl, G, entries, row);
 }
 
 // ---------------------------------------------------------------------------
@@ -698,12 +700,22 @@ void launch_gather(GatherParams<scalar_t, index_t> p, const at::TensorOptions& o
     const int head_lanes = p.D / kVec;
     const bool transposed = c.vpl == 1 && c.num_chunks == 1 && head_lanes <= c.G &&
                             (head_lanes == 4 || head_lanes == 8) && transposed_dots();
+    // Fetches sorted by degree (FetchOrder) when a warp runs several rows.
+    const bool sort = kSortFetch<scalar_t> && wl.sort_fetch && !p.split && c.G < 32;
     VPL_SWITCH(c.vpl, kVPL, [&] {
-      constexpr bool kOne = kVPL == 1;
+      constexpr bool kOne = kVPL == 1, kSortable = kOne && kSortFetch<scalar_t>;
       if (transposed && head_lanes == 8) {
-        launch(gather_kernel<scalar_t, index_t, kVec, kVPL, kOne ? 8 : 0>);
+        if (kSortable && sort) {
+          launch(gather_kernel<scalar_t, index_t, kVec, kVPL, kOne ? 8 : 0, kSortable>);
+        } else {
+          launch(gather_kernel<scalar_t, index_t, kVec, kVPL, kOne ? 8 : 0>);
+        }
       } else if (transposed) {
-        launch(gather_kernel<scalar_t, index_t, kVec, kVPL, kOne ? 4 : 0>);
+        if (kSortable && sort) {
+          launch(gather_kernel<scalar_t, index_t, kVec, kVPL, kOne ? 4 : 0, kSortable>);
+        } else {
+          launch(gather_kernel<scalar_t, index_t, kVec, kVPL, kOne ? 4 : 0>);
+        }
       } else {
         launch(gather_kernel<scalar_t, index_t, kVec, kVPL, 0>);
       }
