@@ -514,8 +514,8 @@ constexpr int kMaxSortedFetch = 64;
 
 // Which kernels may sort their fetches: those of 2-byte types (the spmm
 // forward's transposed gathers when a warp runs several rows, the backward's
-// dot-gathers). Session 12 (H200, bf16): the forward on arxiv-like -5.8%, the
-// backward -0.8..-2.8%. The fused attention kernels measured 3-7% slower
+// dot-gathers). Session 12 (H200, bf16): the forward on arxiv-like -5.7%, the
+// backward -1.1..-2.7%. The fused attention kernels measured 3-7% slower
 // forward and no faster backward with it, so they do not sort; float32 and
 // float64 kernels, whose registers are at their caps, spilled around their
 // step loops with even an unused sort path compiled in (and a warp of 128
