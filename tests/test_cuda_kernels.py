@@ -291,9 +291,11 @@ def test_dot_products_both_layouts(heads, channels, dtype, monkeypatch):
 @pytest.mark.parametrize("heads,channels", [(4, 32), (4, 16), (1, 32), (1, 8), (1, 1), (3, 32),
                                             (4, 64)])
 def test_sorted_fetch_same_results(heads, channels, dtype, index_dtype, monkeypatch):
-    """The kernels of 2-byte types sort a warp's fetch of short rows by degree
-    before its groups take them (PYG_MULTIHEAD_AGG_SORT_FETCH=1, the default),
-    or take them in fetch order (0); the others always do the latter. Rows
+    """The 2-byte spmm kernels (the forward's transposed gathers, the
+    dot-gathers of the backward and the SDDMM) sort a warp's fetch of short
+    rows by degree before its groups take them (PYG_MULTIHEAD_AGG_SORT_FETCH=1,
+    the default), or take them in fetch order (0); the others always do the
+    latter. Rows
     narrower than a warp (2 to 32 groups a warp; fetches of 64 items, two
     sorted windows of 32, at 8 groups; none sorted above), on rows of many
     lengths, empty and long ones among them, and a row count that is no
