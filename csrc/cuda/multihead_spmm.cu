@@ -46,6 +46,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstdint>
+#include <type_traits>
 
 #include "../checks.h"
 #include "common.cuh"
@@ -704,18 +705,19 @@ void launch_gather(GatherParams<scalar_t, index_t> p, const at::TensorOptions& o
     const bool sort = kSortFetch<scalar_t> && wl.sort_fetch && !p.split && c.G < 32;
     VPL_SWITCH(c.vpl, kVPL, [&] {
       constexpr bool kOne = kVPL == 1, kSortable = kOne && kSortFetch<scalar_t>;
+      // kS = 4 or 8 lanes a head; the sorting instance only where it can sort
+      auto launch_transposed = [&](auto heads) {
+        constexpr int kS = kOne ? decltype(heads)::value : 0;
+        if (kSortable && sort) {
+          launch(gather_kernel<scalar_t, index_t, kVec, kVPL, kS, kSortable>);
+        } else {
+          launch(gather_kernel<scalar_t, index_t, kVec, kVPL, kS>);
+        }
+      };
       if (transposed && head_lanes == 8) {
-        if (kSortable && sort) {
-          launch(gather_kernel<scalar_t, index_t, kVec, kVPL, kOne ? 8 : 0, kSortable>);
-        } else {
-          launch(gather_kernel<scalar_t, index_t, kVec, kVPL, kOne ? 8 : 0>);
-        }
+        launch_transposed(std::integral_constant<int, 8>{});
       } else if (transposed) {
-        if (kSortable && sort) {
-          launch(gather_kernel<scalar_t, index_t, kVec, kVPL, kOne ? 4 : 0, kSortable>);
-        } else {
-          launch(gather_kernel<scalar_t, index_t, kVec, kVPL, kOne ? 4 : 0>);
-        }
+        launch_transposed(std::integral_constant<int, 4>{});
       } else {
         launch(gather_kernel<scalar_t, index_t, kVec, kVPL, 0>);
       }
