@@ -126,6 +126,10 @@ def profile_calls(g, dt, calls, repeats=5):
     return rows
 
 
+def _has_perm_inv() -> bool:
+    return "perm_inv" in str(_ops.gat_attention_backward.default._schema)
+
+
 def bench_dtype(g, csc, dtype, device, ncu, profile=False, check=True):
     """Times (or, with ncu, runs once for the profiler) each call in one dtype."""
     dt = str(dtype).replace("torch.", "")
@@ -133,6 +137,9 @@ def bench_dtype(g, csc, dtype, device, ncu, profile=False, check=True):
     w = torch.rand(g.num_edges, g.heads, device=device, dtype=dtype)
     colptr, row, perm = csc
     out, lse = _ops.gat_attention(g.rowptr, g.col, s_src, s_dst, None, x, 0.2, 0.0, None)
+    # The layer's way (a cached graph): the fused backward with perm_inv, when
+    # this build's op takes it (a baseline tree's may not).
+    perm_inv = pma.invert_perm(perm) if _has_perm_inv() else None
     calls = {
         "spmm_fwd": lambda: _ops.multihead_spmm(g.rowptr, g.col, w, x),
         "spmm_bwd_csc": lambda: _ops.multihead_spmm_backward_csc(colptr, row, perm, w, x, grad),
@@ -142,6 +149,10 @@ def bench_dtype(g, csc, dtype, device, ncu, profile=False, check=True):
             g.rowptr, g.col, colptr, row, perm, s_src, s_dst, None, x, out, lse, grad, None,
             0.2, 0.0, None),
     }
+    if perm_inv is not None:
+        calls["gat_bwd_inv"] = lambda: _ops.gat_attention_backward(
+            g.rowptr, g.col, colptr, row, perm, s_src, s_dst, None, x, out, lse, grad, None,
+            0.2, 0.0, None, None, perm_inv)
     if ncu:
         for fn in calls.values():
             fn()
@@ -155,6 +166,9 @@ def bench_dtype(g, csc, dtype, device, ncu, profile=False, check=True):
     if profile:
         return profile_calls(g, dt, calls)
     errs = check_fused(g, x, s_src, s_dst, grad, out, calls["gat_bwd"]())
+    if perm_inv is not None:
+        inv_errs = check_fused(g, x, s_src, s_dst, grad, out, calls["gat_bwd_inv"]())
+        enforce(inv_errs, dtype, f"{g.name} gat (perm_inv)", check)
     spmm_errs = check_spmm(g, csc, w, x, grad, calls["spmm_fwd"](), calls["spmm_bwd_csc"]())
     print(f"{g.name:14s} {dt:9s} spmm rel err {spmm_errs}", flush=True)
     enforce(errs, dtype, f"{g.name} gat", check)

@@ -50,16 +50,17 @@ std::tuple<at::Tensor, at::Tensor> gat_attention_call(
     const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& s_src,
     const at::Tensor& s_dst, const opt_tensor& s_edge, const at::Tensor& x, double negative_slope,
     double dropout_p, const opt_tensor& philox, const opt_tensor& colptr, const opt_tensor& row,
-    const opt_tensor& perm, const opt_tensor& bias) {
+    const opt_tensor& perm, const opt_tensor& bias, const opt_tensor& perm_inv) {
   static auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("pyg_multihead_agg::gat_attention", "")
           .typed<std::tuple<at::Tensor, at::Tensor>(
               const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
               const opt_tensor&, const at::Tensor&, double, double, const opt_tensor&,
-              const opt_tensor&, const opt_tensor&, const opt_tensor&, const opt_tensor&)>();
+              const opt_tensor&, const opt_tensor&, const opt_tensor&, const opt_tensor&,
+              const opt_tensor&)>();
   return op.call(rowptr, col, s_src, s_dst, s_edge, x, negative_slope, dropout_p, philox, colptr,
-                 row, perm, bias);
+                 row, perm, bias, perm_inv);
 }
 
 template <c10::DispatchKey autocast_key, c10::DeviceType device_type>
@@ -67,7 +68,7 @@ std::tuple<at::Tensor, at::Tensor> gat_attention_autocast(
     const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& s_src,
     const at::Tensor& s_dst, const opt_tensor& s_edge, const at::Tensor& x, double negative_slope,
     double dropout_p, const opt_tensor& philox, const opt_tensor& colptr, const opt_tensor& row,
-    const opt_tensor& perm, const opt_tensor& bias) {
+    const opt_tensor& perm, const opt_tensor& bias, const opt_tensor& perm_inv) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(autocast_key);
   const auto dtype = at::autocast::get_autocast_dtype(device_type);
   auto cast = [&](const at::Tensor& t) { return at::autocast::cached_cast(dtype, t, device_type); };
@@ -75,7 +76,8 @@ std::tuple<at::Tensor, at::Tensor> gat_attention_autocast(
     return t.has_value() && t->defined() ? opt_tensor(cast(*t)) : t;
   };
   return gat_attention_call(rowptr, col, cast(s_src), cast(s_dst), cast_opt(s_edge), cast(x),
-                            negative_slope, dropout_p, philox, colptr, row, perm, cast_opt(bias));
+                            negative_slope, dropout_p, philox, colptr, row, perm, cast_opt(bias),
+                            perm_inv);
 }
 
 }  // namespace

@@ -206,7 +206,8 @@ inline GatShape check_gat_attention_backward(
     const at::Tensor& s_dst, const std::optional<at::Tensor>& s_edge, const at::Tensor& x,
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out,
     const std::optional<at::Tensor>& grad_lse, double dropout_p,
-    const std::optional<at::Tensor>& philox, const std::optional<at::Tensor>& bias) {
+    const std::optional<at::Tensor>& philox, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& perm_inv) {
   const GatShape s =
       check_gat_attention(rowptr, col, s_src, s_dst, s_edge, x, dropout_p, philox, bias);
   const int64_t N_src = check_compressed(colptr, "colptr", row, "row");
@@ -220,6 +221,13 @@ inline GatShape check_gat_attention_backward(
   TORCH_CHECK(row.numel() == s.E && perm.numel() == s.E,
               "row and perm must have one entry per edge (", s.E, "), got ", row.numel(),
               " and ", perm.numel());
+  if (perm_inv.has_value() && perm_inv->defined()) {
+    check_index(*perm_inv, "perm_inv");
+    check_same_dtype(*perm_inv, "perm_inv", perm, "perm");
+    check_same_device(*perm_inv, "perm_inv", x, "x");
+    TORCH_CHECK(perm_inv->numel() == s.E, "perm_inv must have one entry per edge (", s.E,
+                "), got ", perm_inv->numel());
+  }
   for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{out, "out"},
                                 {grad_out, "grad_out"}}) {
     check_value(t, name, 3);

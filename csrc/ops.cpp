@@ -55,17 +55,24 @@ TORCH_LIBRARY(pyg_multihead_agg, m) {
   m.def(
       "gat_attention(Tensor rowptr, Tensor col, Tensor s_src, Tensor s_dst, Tensor? s_edge, "
       "Tensor x, float negative_slope, float dropout_p, Tensor? philox, Tensor? colptr=None, "
-      "Tensor? row=None, Tensor? perm=None, Tensor? bias=None) -> (Tensor, Tensor)");
+      "Tensor? row=None, Tensor? perm=None, Tensor? bias=None, Tensor? perm_inv=None) -> "
+      "(Tensor, Tensor)");
   // Its backward from the CSC (colptr, row, perm) of the same graph, with the
   // attention recomputed from lse. Returns (grad_x, grad_s_src, grad_s_dst,
   // grad_s_edge); grad_s_edge is empty [0, H] without s_edge. grad_lse, when
   // given, adds alpha * grad_lse to the gradient of the logits. out is the
   // forward's output, bias included: delta[i, h] = <grad_out[i, h], out[i, h] - bias[h]>
   // (in the accumulation type). The gradient of bias (grad_out summed over
-  // rows) is not computed here.
+  // rows) is not computed here. perm_inv, when given, is the inverse of perm
+  // (perm[perm_inv[e]] = e: the CSC position of each edge); the CUDA kernel
+  // then keeps the per-edge logit gradients in CSC order (written as the CSC
+  // is walked) and sums them per destination row through perm_inv, instead
+  // of writing them to random edge ids. Same results; the CPU kernel only
+  // checks it. The forward takes it (unread) for the autograd formula.
   m.def(
       "gat_attention_backward(Tensor rowptr, Tensor col, Tensor colptr, Tensor row, Tensor perm, "
       "Tensor s_src, Tensor s_dst, Tensor? s_edge, Tensor x, Tensor out, Tensor lse, "
       "Tensor grad_out, Tensor? grad_lse, float negative_slope, float dropout_p, "
-      "Tensor? philox, Tensor? bias=None) -> (Tensor, Tensor, Tensor, Tensor)");
+      "Tensor? philox, Tensor? bias=None, Tensor? perm_inv=None) -> "
+      "(Tensor, Tensor, Tensor, Tensor)");
 }

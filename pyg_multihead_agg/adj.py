@@ -92,6 +92,40 @@ def csr_to_csc(rowptr: Tensor, col: Tensor, num_src: int) -> CSC:
     return colptr, row, perm.to(col.dtype)
 
 
+def invert_perm(perm: Tensor) -> Tensor:
+    r"""The inverse of a CSC's :obj:`perm` (:func:`csr_to_csc`): for each edge
+    :obj:`e` in CSR order, the CSC entry :obj:`k` with :obj:`perm[k] = e`, in
+    the dtype and on the device of :obj:`perm`. Passed as :obj:`perm_inv` to
+    :func:`~pyg_multihead_agg.gat_attention` (the layer does, once per
+    cached graph), it lets the CUDA backward keep its per-edge gradients in
+    CSC order. One scatter over the edges.
+    """
+    inv = torch.empty_like(perm)
+    return inv.scatter_(0, perm.long(), torch.arange(perm.numel(), device=perm.device,
+                                                      dtype=perm.dtype))
+
+
+def check_perm_inv(perm_inv: Tensor, perm: Tensor) -> None:
+    r"""Raises :class:`ValueError` unless :obj:`perm_inv` is the inverse of
+    :obj:`perm` (:obj:`perm[perm_inv[e]] = e` for every edge; :obj:`perm`
+    checked a permutation first, as by :func:`check_csc`). One host sync;
+    meant for :obj:`validate=True`.
+    """
+    if (not isinstance(perm_inv, Tensor) or perm_inv.dim() != 1
+            or perm_inv.numel() != perm.numel() or perm_inv.dtype != perm.dtype):
+        raise ValueError(f"perm_inv must be a 1-D {perm.dtype} tensor of {perm.numel()} entries "
+                         "(one per edge, the dtype of perm), got "
+                         f"{getattr(perm_inv, 'dtype', type(perm_inv))} of shape "
+                         f"{tuple(getattr(perm_inv, 'shape', ()))}")
+    if perm.numel() == 0:
+        return
+    inv = perm_inv.long()
+    if bool(((inv < 0) | (inv >= perm.numel())).any()):
+        raise ValueError(f"perm_inv must hold CSC entries in [0, {perm.numel()})")
+    if not bool((perm.long()[inv] == torch.arange(perm.numel(), device=perm.device)).all()):
+        raise ValueError("perm_inv must be the inverse of perm: perm[perm_inv[e]] == e")
+
+
 
 def _index_versions(adj) -> Tuple[int, ...]:
     # In-place changes to an adjacency's indices bump these counters.

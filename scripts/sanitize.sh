@@ -110,6 +110,18 @@ SORTED=(
   "$K::test_sorted_fetch_same_results[1-32-dtype1-index_dtype1]"
   "$K::test_sorted_fetch_same_results[3-32-dtype0-index_dtype0]"
 )
+# The fused backward with perm_inv (logit gradients by CSC entry, row sums
+# through perm_inv): heads of 8 and 4 lanes (transposed and not), the
+# per-head path (D = 33), more than 32 heads (one warp per row and head),
+# sliced CSC columns; a perm_inv out of range.
+PERMINV=(
+  "$G::test_backward_perm_inv_same_results[50x60-E600-H4-D32-float32-int32-s_edge-p0-transposed-cuda]"
+  "$G::test_backward_perm_inv_same_results[60x6-E800-H3-D16-float32-int32-no_edge-p0.5-every_lane-cuda]"
+  "$G::test_backward_perm_inv_same_results[25x25-E60-H2-D33-bfloat16-int64-s_edge-p0-transposed-cuda]"
+  "$G::test_backward_perm_inv_same_results[20x15-E200-H40-D2-float32-int32-s_edge-p0-transposed-cuda]"
+  "$G::test_backward_perm_inv_same_results[8x50-E400-H8-D64-bfloat16-int64-no_edge-p0.5-transposed-cuda]"
+  "$G::test_out_of_range_perm_inv_does_not_fault_cuda"
+)
 # The device=cuda cases of the malformed-input catalogue and the properties
 # (with HYPOTHESIS_PROFILE=sanitize: a few examples each); `-k cuda` keeps
 # every test_cuda_kernels.py test too, through its module name.
@@ -127,14 +139,14 @@ OURS=(--kernel-name kns=pyg_multihead_agg)
 selection() {
   case "$1" in
     memcheck) echo "${SMALL[@]}" "${NARROW[@]}" "${HUB[@]}" "${GAT[@]}" "${TRANSPOSED[@]}" \
-      "${SORTED[@]}" "${MALFORMED[@]}";;
+      "${SORTED[@]}" "${PERMINV[@]}" "${MALFORMED[@]}";;
     memcheck_large) echo "tests/test_large_index.py::test_many_source_rows[4-64-index_dtype0]";;
     racecheck) echo "${HUB[@]}" "${SMALL[0]}" "${SMALL[2]}" "${GAT[@]:1:2}" "${GAT[@]:4:2}" \
-      "${SORTED[@]:0:1}";;
+      "${SORTED[@]:0:1}" "${PERMINV[@]:0:2}";;
     initcheck) echo "${SMALL[@]:0:3}" "${NARROW[0]}" "${HUB[0]}" \
       "$K::test_malformed_graphs_do_not_fault" "${GAT[@]}" "${TRANSPOSED[@]}";;
     synccheck) echo "${SMALL[@]:0:3}" "${NARROW[0]}" "${HUB[@]}" "${GAT[@]}" "${TRANSPOSED[@]}" \
-      "${SORTED[@]}";;
+      "${SORTED[@]}" "${PERMINV[@]:0:4}";;
   esac
 }
 

@@ -628,6 +628,65 @@ def test_backward_with_bias_matches_reference(case, dtype, with_csc, with_edge, 
     assert_grads_close(grads, ref, dtype, grad_names(inp))
 
 
+# CASES plus float32 heads of 8 lanes in one group (4 x 32) and more than 32
+# heads (the row sums' one-warp-per-head kernel).
+PERM_INV_CASES = CASES + [(50, 60, 600, 4, 32, False), (20, 15, 200, 40, 2, False)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["1", "0"], ids=["transposed", "every_lane"])
+@pytest.mark.parametrize("with_edge,dropout", [(True, 0.0), (False, 0.5)],
+                         ids=["s_edge-p0", "no_edge-p0.5"])
+@pytest.mark.parametrize("dtype,index_dtype", [(torch.float32, torch.int32),
+                                               (torch.bfloat16, torch.int64),
+                                               (torch.float64, torch.int32)],
+                         ids=["float32-int32", "bfloat16-int64", "float64-int32"])
+@pytest.mark.parametrize("case", PERM_INV_CASES,
+                         ids=[f"{c[0]}x{c[1]}-E{c[2]}-H{c[3]}-D{c[4]}" for c in PERM_INV_CASES])
+def test_backward_perm_inv_same_results(case, dtype, index_dtype, with_edge, dropout, layout,
+                                        device, monkeypatch):
+    """With perm_inv (the inverse of the CSC's perm) the CUDA backward keeps
+    the logit gradients by CSC entry and sums them per row through perm_inv:
+    every gradient (grad_s_edge, gathered back, included) is bitwise the one
+    without it, and matches the reference; in every backward kernel (the
+    all-heads path with heads of 4 or 8 lanes, transposed or not, the
+    per-head path) and both row-sum kernels. The CPU kernel only checks it."""
+    if layout == "0" and device == "cpu":
+        pytest.skip("the layout flag selects CUDA kernels")
+    monkeypatch.setenv("PYG_MULTIHEAD_AGG_TRANSPOSED", layout)
+    inp = make_inputs(case, dtype, index_dtype, device, seed=PERM_INV_CASES.index(case) + 300,
+                      with_edge=with_edge, requires_grad=True)
+    gen = torch.Generator().manual_seed(17)
+    grad_out = torch.randn(case[0], case[3], case[4], generator=gen).to(device, dtype)
+    grad_lse = torch.randn(case[0], case[3], generator=gen).to(device, lse_dtype(dtype))
+    csc = pma.csr_to_csc(inp.rowptr, inp.col, case[1])
+    perm_inv = pma.invert_perm(csc[2])
+    assert perm_inv.dtype == index_dtype
+    philox = PHILOX if dropout else None
+    got = []
+    for inv in (None, perm_inv):
+        out, lse = run_op(inp, dropout=dropout, philox=philox, csc=csc, perm_inv=inv)
+        poison((case[1], case[3], case[4]), dtype, device)
+        got.append(torch.autograd.grad((out, lse), inp.floats(), (grad_out, grad_lse)))
+    for a, b, name in zip(*got, grad_names(inp), strict=True):
+        assert torch.equal(a, b), name
+    ref = reference_grads(inp, grad_out, grad_lse, dropout=dropout, philox=philox)
+    assert_grads_close(got[1], ref, dtype, grad_names(inp))
+
+
+def test_invert_perm():
+    gen = torch.Generator().manual_seed(31)
+    for index_dtype in INDEX_DTYPES:
+        rowptr, col = random_csr(30, 20, 200, index_dtype=index_dtype, generator=gen)
+        colptr, row, perm = pma.csr_to_csc(rowptr, col, 20)
+        inv = pma.invert_perm(perm)
+        assert inv.dtype == perm.dtype and inv.shape == perm.shape
+        assert torch.equal(perm[inv.long()], torch.arange(perm.numel(), dtype=perm.dtype))
+        assert torch.equal(inv[perm.long()], torch.arange(perm.numel(), dtype=perm.dtype))
+    empty = pma.invert_perm(torch.zeros(0, dtype=torch.int64))
+    assert empty.shape == (0,)
+
+
 # Heads of 4 and 8 lanes (float32 D = 16 / 32, bf16/fp16 D = 32 / 64, where
 # 8-lane heads keep the per-lane layout), one and several heads per group,
 # long (sliced) CSC columns, partial steps and empty columns.
@@ -892,6 +951,11 @@ def _opcheck_samples(device, index_dtype, dtype, case):
             yield "gat_attention_backward", (inp.rowptr, inp.col, colptr, row, perm, *detached,
                                              out, lse, grad_out, gl, 0.2, dropout, philox,
                                              *(t.detach() for t in bias))
+        # With the inverse of perm (CSC-ordered logit gradients on CUDA).
+        yield "gat_attention_backward", (inp.rowptr, inp.col, colptr, row, perm, *detached,
+                                         out, lse, grad_out, grad_lse, 0.2, dropout, philox,
+                                         bias[0].detach() if bias else None,
+                                         pma.invert_perm(perm))
 
 
 # Each configuration costs a few seconds (opcheck traces the op several
@@ -914,7 +978,7 @@ def test_opcheck(index_dtype, dtype, case, device):
     for name, args in _opcheck_samples(device, index_dtype, dtype, case):
         torch.library.opcheck(getattr(ops, name), args)
         count += 1
-    assert count == 12
+    assert count == 15
 
 
 # ---------------------------------------------------------------------------
@@ -1305,7 +1369,7 @@ def _backward_args(device):
     return dict(rowptr=inp.rowptr, col=inp.col, colptr=colptr, row=row, perm=perm,
                 s_src=inp.s_src, s_dst=inp.s_dst, s_edge=inp.s_edge, x=inp.x, out=out, lse=lse,
                 grad_out=torch.randn_like(out), grad_lse=torch.randn_like(lse),
-                negative_slope=0.2, dropout_p=0.5, philox=PHILOX, bias=None)
+                negative_slope=0.2, dropout_p=0.5, philox=PHILOX, bias=None, perm_inv=None)
 
 
 # (id, changes to the backward op's arguments, words)
@@ -1336,6 +1400,64 @@ def test_bad_backward_arguments(case, device):
     for word in words:
         assert word in str(info.value), (word, str(info.value))
     assert_still_works(device)
+
+
+# (id, perm -> a bad perm_inv, words)
+PERM_INV_CASES_BAD = [
+    ("perm_inv_size", lambda p: pma.invert_perm(p)[:-1], ["perm_inv", "one entry per edge"]),
+    ("perm_inv_dtype", lambda p: pma.invert_perm(p).int(), ["perm_inv", "perm", "same dtype"]),
+    ("perm_inv_float", lambda p: pma.invert_perm(p).float(), ["perm_inv"]),
+    ("perm_inv_2d", lambda p: pma.invert_perm(p).view(1, -1), ["perm_inv"]),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", PERM_INV_CASES_BAD, ids=[c[0] for c in PERM_INV_CASES_BAD])
+def test_bad_perm_inv(case, device):
+    _, breaker, words = case
+    args = _backward_args(device)
+    args["perm_inv"] = breaker(args["perm"])
+    with pytest.raises(RuntimeError) as info:
+        ops.gat_attention_backward(*args.values())
+    for word in words:
+        assert word in str(info.value), (word, str(info.value))
+    assert_still_works(device)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_perm_inv_on_another_device_cuda():
+    args = _backward_args("cuda")
+    args["perm_inv"] = pma.invert_perm(args["perm"]).cpu()
+    with pytest.raises(RuntimeError, match="perm_inv"):
+        ops.gat_attention_backward(*args.values())
+    assert_still_works("cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_out_of_range_perm_inv_does_not_fault_cuda():
+    """Without validate a perm_inv that is no inverse gives wrong gradients
+    but reads nothing out of bounds (the row sums skip CSC entries out of
+    range; grad_s_edge gathers through a clamped copy)."""
+    args = _backward_args("cuda")
+    inv = pma.invert_perm(args["perm"])
+    for bad in (inv + inv.numel(), -inv - 1, inv.flip(0)):
+        args["perm_inv"] = bad
+        grads = ops.gat_attention_backward(*args.values())
+        torch.cuda.synchronize()
+        assert all(torch.isfinite(g).all() for g in grads)
+    assert_still_works("cuda")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_validate_checks_perm_inv(device):
+    inp = good(device)
+    csc = pma.csr_to_csc(inp.rowptr, inp.col, inp.x.size(0))
+    inv = pma.invert_perm(csc[2])
+    run_op(inp, csc=csc, perm_inv=inv, validate=True)  # the inverse passes
+    for bad, match in ((inv.flip(0), "inverse of perm"), (inv + inv.numel(), "CSC entries in"),
+                       (inv[:-1], "one per edge"), (inv.int(), "dtype of perm")):
+        with pytest.raises(ValueError, match=match):
+            run_op(inp, csc=csc, perm_inv=bad, validate=True)
 
 
 # Malformed graphs: (id, breaker of (rowptr, col) on CPU, words of the ValueError)

@@ -217,27 +217,40 @@ def test_compact_indices_keeps_cpu_and_int32_graphs():
 @pytest.mark.parametrize("kind", FUSED_KINDS)
 def test_int64_graph_cached_as_int32_on_cuda(kind, monkeypatch):
     """On CUDA the layer caches an int64 adjacency's CSR and CSC in int32 (the
-    kernels' faster path); outputs and gradients are those of the int64
-    indices, bit for bit."""
+    kernels' faster path), with the inverse of the CSC's perm (the fused
+    backward's CSC-ordered logit gradients); outputs and gradients are those
+    of the int64 indices and of the backward without perm_inv, bit for bit."""
     case = CASES[0]
     edge_index, x_src, x_dst, _ = make_graph(case, 31)
     _, layer = make_layers(case, 31)
     results = {}
-    for compact in (True, False):
-        if not compact:
+    for variant in ("int32", "int32_no_perm_inv", "int64"):
+        if variant == "int32_no_perm_inv":
+            monkeypatch.setattr(gat_conv_module, "_with_perm_inv",
+                                lambda rowptr, col, csc: (rowptr, col, csc, None))
+        if variant == "int64":
+            monkeypatch.undo()
             monkeypatch.setattr(gat_conv_module, "compact_indices",
                                 lambda rowptr, col, csc, num_src: (rowptr, col, csc))
         ours = copy.deepcopy(layer).cuda()
         adj = make_adj(kind, edge_index.cuda(), case.num_src, case.num_dst)
-        results[compact] = run(ours, case, kind, adj, x_src.float().cuda(),
+        results[variant] = run(ours, case, kind, adj, x_src.float().cuda(),
                                x_dst.float().cuda(), None)
-        rowptr, col, (colptr, row, perm) = ours._csc_cache._value
-        expected = torch.int32 if compact else torch.int64
+        rowptr, col, (colptr, row, perm), perm_inv = ours._csc_cache._value
+        expected = torch.int64 if variant == "int64" else torch.int32
         assert {t.dtype for t in (rowptr, col, colptr, row, perm)} == {expected}
-    (out32, grads32), (out64, grads64) = results[True], results[False]
-    assert torch.equal(out32, out64)
-    for name, grad in grads64.items():
-        assert torch.equal(grads32[name], grad), name
+        if variant == "int32_no_perm_inv":
+            assert perm_inv is None
+        else:
+            assert perm_inv.dtype == expected
+            assert torch.equal(perm[perm_inv.long()].long(),
+                               torch.arange(perm.numel(), device=perm.device))
+    out32, grads32 = results["int32"]
+    for variant in ("int32_no_perm_inv", "int64"):
+        out, grads = results[variant]
+        assert torch.equal(out32, out), variant
+        for name, grad in grads.items():
+            assert torch.equal(grads32[name], grad), (variant, name)
 
 
 @pytest.mark.parametrize("kind", FUSED_KINDS)

@@ -68,7 +68,8 @@ std::tuple<at::Tensor, at::Tensor> gat_attention_cpu(
     const at::Tensor& s_dst, const std::optional<at::Tensor>& s_edge, const at::Tensor& x,
     double negative_slope, double dropout_p, const std::optional<at::Tensor>& philox,
     const std::optional<at::Tensor>& /*colptr*/, const std::optional<at::Tensor>& /*row*/,
-    const std::optional<at::Tensor>& /*perm*/, const std::optional<at::Tensor>& bias) {
+    const std::optional<at::Tensor>& /*perm*/, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& /*perm_inv*/) {
   const GatShape s =
       check_gat_attention(rowptr, col, s_src, s_dst, s_edge, x, dropout_p, philox, bias);
   TORCH_CHECK(x.device().is_cpu(), "x must be a CPU tensor for the CPU kernel");
@@ -176,10 +177,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backwar
     const at::Tensor& s_dst, const std::optional<at::Tensor>& s_edge, const at::Tensor& x,
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out,
     const std::optional<at::Tensor>& grad_lse, double negative_slope, double dropout_p,
-    const std::optional<at::Tensor>& philox, const std::optional<at::Tensor>& bias) {
+    const std::optional<at::Tensor>& philox, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& perm_inv) {
+  // perm_inv is only checked: this kernel keeps grad_z by edge id.
   const GatShape s = check_gat_attention_backward(rowptr, col, colptr, row, perm, s_src, s_dst,
                                                   s_edge, x, out, lse, grad_out, grad_lse,
-                                                  dropout_p, philox, bias);
+                                                  dropout_p, philox, bias, perm_inv);
   TORCH_CHECK(x.device().is_cpu(), "x must be a CPU tensor for the CPU kernel");
   const int64_t N_dst = s.N_dst, N_src = s.N_src, E = s.E, H = s.H, D = s.D, HD = H * D;
   const bool has_edge = s_edge.has_value() && s_edge->defined();

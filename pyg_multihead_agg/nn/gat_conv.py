@@ -25,6 +25,7 @@ from ..adj import (
     csr_csc_from_edge_index,
     csr_csc_from_sparse_tensor,
     csr_csc_from_torch_csr,
+    invert_perm,
 )
 
 # PyG's MessagePassing hook dictionaries: with any hook registered, the layer
@@ -360,11 +361,12 @@ class GATConv(PyGGATConv):
         # (The bias's gradient alone needs no CSC: the op's backward is a sum.)
         need_csc = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (x_src, alpha_src, alpha_dst, alpha_edge))
-        rowptr, col, csc = self._csr_csc(edge_index, num_src, num_dst, need_csc)
+        rowptr, col, csc, perm_inv = self._csr_csc(edge_index, num_src, num_dst, need_csc)
         out, lse = ops.gat_attention(
             rowptr, col, alpha_src, alpha_dst, x_src, s_edge=alpha_edge,
             negative_slope=self.negative_slope,
-            dropout=self.dropout if self.training else 0.0, csc=csc, bias=bias)
+            dropout=self.dropout if self.training else 0.0, csc=csc, bias=bias,
+            perm_inv=perm_inv)
 
         out = out.view(-1, H * C) if self.concat else out.mean(dim=1)
         if res is not None:
@@ -485,7 +487,7 @@ class GATConv(PyGGATConv):
                     and edge_index.num_cols is not None:
                 num_dst = edge_index.num_cols
             need_csc = torch.is_grad_enabled() and (alpha.requires_grad or x_src.requires_grad)
-            rowptr, col, csc = self._csr_csc(edge_index, x_src.size(0), num_dst, need_csc)
+            rowptr, col, csc, _ = self._csr_csc(edge_index, x_src.size(0), num_dst, need_csc)
         else:
             # torch.sparse_coo: no compressed rows to fuse over, so do what
             # PyG's unfused path does.
@@ -495,8 +497,10 @@ class GATConv(PyGGATConv):
         return ops.multihead_spmm(rowptr, col, alpha, x_src, csc=csc)
 
     def _csr_csc(self, edge_index: Adj, num_src: int, num_dst: int, need_csc: bool):
-        """(rowptr, col, csc) of a fused adjacency, rows = destinations; the
-        extraction is cached per adjacency object for eager calls."""
+        """(rowptr, col, csc, perm_inv) of a fused adjacency, rows =
+        destinations; the extraction is cached per adjacency object for eager
+        calls, with the inverse of the CSC's perm on CUDA (see _with_perm_inv;
+        None under torch.compile, which does not cache)."""
         if is_torch_sparse_tensor(edge_index):
             # The forward does not read the CSC: build it only for a backward.
             return _torch_csr_with_csc(self._csc_cache, edge_index, need_csc)
@@ -508,8 +512,10 @@ class GATConv(PyGGATConv):
             else:
                 cached = csr_csc_from_edge_index(edge_index, *sizes)
             cached = compact_indices(*cached, num_src)
-            if not is_compiling():
-                self._csc_cache.put(edge_index, sizes, cached)
+            if is_compiling():
+                return (*cached, None)
+            cached = _with_perm_inv(*cached)
+            self._csc_cache.put(edge_index, sizes, cached)
         return cached
 
 
@@ -547,8 +553,19 @@ def _torch_csr_with_csc(cache: GraphCache, adj_t: Tensor, need_csc: bool):
     # tensor's own indices.
     cached = cache.get(adj_t, None)
     if cached is None and need_csc:
-        cached = compact_indices(*csr_csc_from_torch_csr(adj_t), adj_t.size(1))
+        cached = _with_perm_inv(*compact_indices(*csr_csc_from_torch_csr(adj_t), adj_t.size(1)))
         cache.put(adj_t, None, cached)
     if cached is None:
-        return adj_t.crow_indices(), adj_t.col_indices(), None
-    return cached if need_csc else (*cached[:2], None)
+        return adj_t.crow_indices(), adj_t.col_indices(), None, None
+    return cached if need_csc else (*cached[:2], None, None)
+
+
+def _with_perm_inv(rowptr: Tensor, col: Tensor, csc, *_):
+    # A cached graph's CSC with the inverse of its perm, on CUDA: the fused
+    # backward then keeps its per-edge gradients in CSC order (written as it
+    # walks the CSC, not at random edge ids; see gat_attention). One scatter
+    # per graph. The CPU kernel does not use it.
+    perm_inv = None
+    if csc is not None and csc[2].is_cuda:
+        perm_inv = invert_perm(csc[2])
+    return rowptr, col, csc, perm_inv
