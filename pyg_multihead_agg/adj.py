@@ -126,7 +126,6 @@ def check_perm_inv(perm_inv: Tensor, perm: Tensor) -> None:
         raise ValueError("perm_inv must be the inverse of perm: perm[perm_inv[e]] == e")
 
 
-
 def _index_versions(adj) -> Tuple[int, ...]:
     # In-place changes to an adjacency's indices bump these counters.
     if isinstance(adj, SparseTensor):

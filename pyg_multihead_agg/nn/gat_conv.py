@@ -560,7 +560,7 @@ def _torch_csr_with_csc(cache: GraphCache, adj_t: Tensor, need_csc: bool):
     return cached if need_csc else (*cached[:2], None, None)
 
 
-def _with_perm_inv(rowptr: Tensor, col: Tensor, csc, *_):
+def _with_perm_inv(rowptr: Tensor, col: Tensor, csc):
     # A cached graph's CSC with the inverse of its perm, on CUDA: the fused
     # backward then keeps its per-edge gradients in CSC order (written as it
     # walks the CSC, not at random edge ids; see gat_attention). One scatter
