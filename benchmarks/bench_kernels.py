@@ -126,8 +126,9 @@ def profile_calls(g, dt, calls, repeats=5):
     return rows
 
 
-def _has_perm_inv() -> bool:
-    return "perm_inv" in str(_ops.gat_attention_backward.default._schema)
+def _has_perm_inv(op=None) -> bool:
+    op = _ops.gat_attention_backward if op is None else op
+    return "perm_inv" in str(op.default._schema)
 
 
 def bench_dtype(g, csc, dtype, device, ncu, profile=False, check=True):
@@ -153,6 +154,10 @@ def bench_dtype(g, csc, dtype, device, ncu, profile=False, check=True):
         calls["gat_bwd_inv"] = lambda: _ops.gat_attention_backward(
             g.rowptr, g.col, colptr, row, perm, s_src, s_dst, None, x, out, lse, grad, None,
             0.2, 0.0, None, None, perm_inv)
+    spmm_inv = perm_inv is not None and _has_perm_inv(_ops.multihead_spmm_backward_csc)
+    if spmm_inv:  # the spmm backward's grad_weight through perm_inv
+        calls["spmm_bwd_inv"] = lambda: _ops.multihead_spmm_backward_csc(
+            colptr, row, perm, w, x, grad, perm_inv)
     if ncu:
         for fn in calls.values():
             fn()
@@ -171,6 +176,12 @@ def bench_dtype(g, csc, dtype, device, ncu, profile=False, check=True):
         enforce(inv_errs, dtype, f"{g.name} gat (perm_inv)", check)
     spmm_errs = check_spmm(g, csc, w, x, grad, calls["spmm_fwd"](), calls["spmm_bwd_csc"]())
     print(f"{g.name:14s} {dt:9s} spmm rel err {spmm_errs}", flush=True)
+    if spmm_inv:  # the same sums, stored elsewhere first: bitwise equal
+        same = all(torch.equal(a, b) for a, b in zip(calls["spmm_bwd_csc"](),
+                                                     calls["spmm_bwd_inv"]()))
+        print(f"{g.name:14s} {dt:9s} spmm_bwd_inv bitwise equal: {same}", flush=True)
+        if not same and check:
+            raise SystemExit(f"{g.name} {dt}: spmm_bwd_inv differs from spmm_bwd_csc")
     enforce(errs, dtype, f"{g.name} gat", check)
     enforce(spmm_errs, dtype, f"{g.name} spmm", check)
     nbytes = gather_bytes(g.num_edges, g.num_nodes, g.heads, g.channels, x.element_size())

@@ -9,7 +9,8 @@ weight) of
   ``torch.sparse_csr_tensor`` with that head's weights and the ``[N, D]`` slice
   of x (cuSPARSE on GPU, MKL on CPU), stacked;
 - ``ours``: ``pyg_multihead_agg.multihead_spmm``; its backward with the CSC
-  from ``csr_to_csc`` built outside the timed region (``ours, CSC cached``), and
+  from ``csr_to_csc`` built outside the timed region (``ours, CSC cached``),
+  with the CSC and its ``invert_perm`` (``ours, CSC + perm_inv cached``), and
   without it (``ours, no CSC``: atomic scatter on CUDA, CSC built in the
   backward on the CPU).
 
@@ -32,7 +33,7 @@ import torch
 from torch import Tensor
 
 import pyg_multihead_agg
-from pyg_multihead_agg import csr_to_csc, multihead_spmm
+from pyg_multihead_agg import csr_to_csc, invert_perm, multihead_spmm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,6 +45,7 @@ GATHER_SCATTER = "gather/scatter"
 TORCH_SPARSE = "torch.sparse per head"
 OURS = "ours"
 OURS_CSC = "ours, CSC cached"
+OURS_CSC_INV = "ours, CSC + perm_inv cached"
 OURS_NO_CSC = "ours, no CSC"
 PEERS = (GATHER_SCATTER, TORCH_SPARSE)
 FORWARD, BACKWARD = "forward", "forward+backward"
@@ -81,9 +83,9 @@ def sparse_backward_unsupported(exc: RuntimeError) -> Exception:
     return exc
 
 
-def ours(rowptr: Tensor, col: Tensor, csc=None) -> Callable:
+def ours(rowptr: Tensor, col: Tensor, csc=None, perm_inv=None) -> Callable:
     def fn(x: Tensor, w: Tensor) -> Tensor:
-        return multihead_spmm(rowptr, col, w, x, csc=csc)
+        return multihead_spmm(rowptr, col, w, x, csc=csc, perm_inv=perm_inv)
     return fn
 
 
@@ -242,6 +244,9 @@ def bench_shape(shape: str, dtypes: List[torch.dtype], args, device: torch.devic
         GATHER_SCATTER: methods_fwd[GATHER_SCATTER],
         TORCH_SPARSE: methods_fwd[TORCH_SPARSE],
         OURS_CSC: ours(g.rowptr, g.col, csc),
+        # The layers' way for a reused graph: the CSC's inverse permutation
+        # cached too (the CUDA backward writes grad_weight in CSC order).
+        OURS_CSC_INV: ours(g.rowptr, g.col, csc, invert_perm(csc[2])),
         OURS_NO_CSC: methods_fwd[OURS],
     }
     all_ok = True

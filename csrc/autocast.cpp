@@ -22,26 +22,27 @@ using opt_tensor = std::optional<at::Tensor>;
 at::Tensor multihead_spmm_call(const at::Tensor& rowptr, const at::Tensor& col,
                                const at::Tensor& weight, const at::Tensor& x,
                                const opt_tensor& colptr, const opt_tensor& row,
-                               const opt_tensor& perm) {
+                               const opt_tensor& perm, const opt_tensor& perm_inv) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("pyg_multihead_agg::multihead_spmm", "")
                        .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                          const at::Tensor&, const opt_tensor&, const opt_tensor&,
-                                         const opt_tensor&)>();
-  return op.call(rowptr, col, weight, x, colptr, row, perm);
+                                         const opt_tensor&, const opt_tensor&)>();
+  return op.call(rowptr, col, weight, x, colptr, row, perm, perm_inv);
 }
 
 template <c10::DispatchKey autocast_key, c10::DeviceType device_type>
 at::Tensor multihead_spmm_autocast(const at::Tensor& rowptr, const at::Tensor& col,
                                    const at::Tensor& weight, const at::Tensor& x,
                                    const opt_tensor& colptr, const opt_tensor& row,
-                                   const opt_tensor& perm) {
+                                   const opt_tensor& perm, const opt_tensor& perm_inv) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(autocast_key);
   const auto dtype = at::autocast::get_autocast_dtype(device_type);
   // cached_cast leaves tensors of other devices, non-floating tensors and
   // float64 untouched, so malformed inputs still reach the kernels' checks.
   return multihead_spmm_call(rowptr, col, at::autocast::cached_cast(dtype, weight, device_type),
-                             at::autocast::cached_cast(dtype, x, device_type), colptr, row, perm);
+                             at::autocast::cached_cast(dtype, x, device_type), colptr, row, perm,
+                             perm_inv);
 }
 
 // gat_attention: scores, edge scores, features and bias all in the autocast

@@ -68,10 +68,23 @@ inline void check_spmm(const at::Tensor& rowptr, const at::Tensor& col, const at
               ") must equal the number of heads x.size(1) (", x.size(1), ")");
 }
 
+// The optional inverse of a CSC's perm: perm's index dtype, on `ref`'s
+// device, one entry per edge (values are checked by validate=True only).
+inline void check_perm_inv(const std::optional<at::Tensor>& perm_inv, const at::Tensor& perm,
+                           const at::Tensor& ref, const char* ref_name, int64_t E) {
+  if (!perm_inv.has_value() || !perm_inv->defined()) return;
+  check_index(*perm_inv, "perm_inv");
+  check_same_dtype(*perm_inv, "perm_inv", perm, "perm");
+  check_same_device(*perm_inv, "perm_inv", ref, ref_name);
+  TORCH_CHECK(perm_inv->numel() == E, "perm_inv must have one entry per edge (", E, "), got ",
+              perm_inv->numel());
+}
+
 // multihead_spmm_backward_csc; returns the number of sources.
 inline int64_t check_backward_csc(const at::Tensor& colptr, const at::Tensor& row,
                                   const at::Tensor& perm, const std::optional<at::Tensor>& weight,
-                                  const std::optional<at::Tensor>& x, const at::Tensor& grad_out) {
+                                  const std::optional<at::Tensor>& x, const at::Tensor& grad_out,
+                                  const std::optional<at::Tensor>& perm_inv = std::nullopt) {
   const int64_t N_src = check_compressed(colptr, "colptr", row, "row");
   check_index(perm, "perm");
   check_same_dtype(perm, "perm", row, "row");
@@ -96,6 +109,7 @@ inline int64_t check_backward_csc(const at::Tensor& colptr, const at::Tensor& ro
                 N_src, ", ", H, ", ", D, "] (colptr.numel() - 1, heads, channels), got ",
                 x->sizes());
   }
+  check_perm_inv(perm_inv, perm, grad_out, "grad_out", E);
   return N_src;
 }
 
@@ -221,13 +235,7 @@ inline GatShape check_gat_attention_backward(
   TORCH_CHECK(row.numel() == s.E && perm.numel() == s.E,
               "row and perm must have one entry per edge (", s.E, "), got ", row.numel(),
               " and ", perm.numel());
-  if (perm_inv.has_value() && perm_inv->defined()) {
-    check_index(*perm_inv, "perm_inv");
-    check_same_dtype(*perm_inv, "perm_inv", perm, "perm");
-    check_same_device(*perm_inv, "perm_inv", x, "x");
-    TORCH_CHECK(perm_inv->numel() == s.E, "perm_inv must have one entry per edge (", s.E,
-                "), got ", perm_inv->numel());
-  }
+  check_perm_inv(perm_inv, perm, x, "x", s.E);
   for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{out, "out"},
                                 {grad_out, "grad_out"}}) {
     check_value(t, name, 3);

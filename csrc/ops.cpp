@@ -17,18 +17,24 @@ PyObject* PyInit__C(void) {
 
 TORCH_LIBRARY(pyg_multihead_agg, m) {
   // out[i, h, :] = sum_{e in rowptr[i]..rowptr[i+1]} weight[e, h] * x[col[e], h, :]
-  // colptr/row/perm (the CSC of the same graph) are not read by the forward;
-  // they are inputs so that the autograd formula can use them.
+  // colptr/row/perm (the CSC of the same graph) and perm_inv (the inverse of
+  // perm) are not read by the forward; they are inputs so that the autograd
+  // formula can use them.
   m.def(
       "multihead_spmm(Tensor rowptr, Tensor col, Tensor weight, Tensor x, "
-      "Tensor? colptr=None, Tensor? row=None, Tensor? perm=None) -> Tensor");
+      "Tensor? colptr=None, Tensor? row=None, Tensor? perm=None, Tensor? perm_inv=None) -> "
+      "Tensor");
   // One pass over the CSC: grad_x[j] = sum_k weight[perm[k]] * grad_out[row[k]]
   // and grad_weight[perm[k], h] = <grad_out[row[k], h], x[j, h]>.
   // grad_x is computed when `weight` is given, grad_weight when `x` is given;
-  // the other output is empty.
+  // the other output is empty. perm_inv, when given, is the inverse of perm
+  // (perm[perm_inv[e]] = e); the CUDA kernel then writes grad_weight by CSC
+  // entry, in the order it walks the CSC, and gathers it into edge order
+  // through perm_inv, instead of writing it at random edge ids. Same
+  // results; the CPU kernel only checks it.
   m.def(
       "multihead_spmm_backward_csc(Tensor colptr, Tensor row, Tensor perm, "
-      "Tensor? weight, Tensor? x, Tensor grad_out) -> (Tensor, Tensor)");
+      "Tensor? weight, Tensor? x, Tensor grad_out, Tensor? perm_inv=None) -> (Tensor, Tensor)");
   // grad_x without a CSC: a scatter over the CSR (atomic on CUDA, so not
   // deterministic there).
   m.def(

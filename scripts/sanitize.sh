@@ -113,8 +113,13 @@ SORTED=(
 # The fused backward with perm_inv (logit gradients by CSC entry, row sums
 # through perm_inv): heads of 8 and 4 lanes (transposed and not), the
 # per-head path (D = 33), more than 32 heads (one warp per row and head),
-# sliced CSC columns; a perm_inv out of range.
+# sliced CSC columns; a perm_inv out of range. The spmm backward with
+# perm_inv (grad_weight and the weights by CSC entry, gathered through
+# perm_inv / perm) runs in every check_all_ops case above; here its
+# out-of-range perm_inv.
 PERMINV=(
+  "tests/test_ops.py::test_out_of_range_perm_inv_does_not_fault_cuda[torch.float32]"
+  "tests/test_ops.py::test_out_of_range_perm_inv_does_not_fault_cuda[torch.bfloat16]"
   "$G::test_backward_perm_inv_same_results[50x60-E600-H4-D32-float32-int32-s_edge-p0-transposed-cuda]"
   "$G::test_backward_perm_inv_same_results[60x6-E800-H3-D16-float32-int32-no_edge-p0.5-every_lane-cuda]"
   "$G::test_backward_perm_inv_same_results[25x25-E60-H2-D33-bfloat16-int64-s_edge-p0-transposed-cuda]"

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import poison, reference_grad_x, reference_sddmm, reference_spmm
 
-from pyg_multihead_agg import csr_to_csc
+from pyg_multihead_agg import csr_to_csc, invert_perm
 
 pytestmark = [
     pytest.mark.cuda,
@@ -101,16 +101,40 @@ def check_all_ops(rowptr, col, weight, x, grad_out, dtype):
     assert colptr.dtype == row.dtype == perm.dtype == col.dtype
     ref_gx = reference_grad_x(rowptr, col, weight, grad_out, num_src)
     ref_gw = reference_sddmm(rowptr, col, grad_out, x)
+    E = col.numel()
     poison((num_src, H, D), dtype, "cuda")
+    poison((E, H), dtype, "cuda")
     gx, gw = ops.multihead_spmm_backward_csc(colptr, row, perm, weight, x, grad_out)
     assert_close(gx, ref_gx, dtype, "backward_csc grad_x")
     assert_close(gw, ref_gw, dtype, "backward_csc grad_weight")
     gx_only, gw_empty = ops.multihead_spmm_backward_csc(colptr, row, perm, weight, None, grad_out)
     assert_close(gx_only, ref_gx, dtype, "backward_csc grad_x only")
     assert gw_empty.shape == (0, H)
+    poison((E, H), dtype, "cuda")
     gx_empty, gw_only = ops.multihead_spmm_backward_csc(colptr, row, perm, None, x, grad_out)
     assert_close(gw_only, ref_gw, dtype, "backward_csc grad_weight only")
     assert gx_empty.shape == (0, H, D)
+    # With perm_inv: grad_weight by CSC entry, then gathered into edge order;
+    # the same sums, so the same bits (both gradients, each alone, and a
+    # weight viewed at an odd element offset).
+    perm_inv = invert_perm(perm)
+    flat = torch.empty(E * H + 1, dtype=dtype, device="cuda")
+    odd_weight = flat[1:].view(E, H)
+    odd_weight.copy_(weight)
+    for w in (weight, odd_weight):
+        nans = [torch.full((E, H), float("nan"), dtype=dtype, device="cuda") for _ in range(2)]
+        del nans  # two NaN blocks: the dots by CSC entry and grad_weight
+        gx_inv, gw_inv = ops.multihead_spmm_backward_csc(colptr, row, perm, w, x, grad_out,
+                                                         perm_inv)
+        assert torch.equal(gx_inv, gx) and torch.equal(gw_inv, gw), "perm_inv: not bitwise equal"
+        poison((num_src, H, D), dtype, "cuda")
+        gx_inv, _ = ops.multihead_spmm_backward_csc(colptr, row, perm, w, None, grad_out,
+                                                    perm_inv)
+        assert torch.equal(gx_inv, gx_only), "perm_inv, grad_x only: not bitwise equal"
+    poison((E, H), dtype, "cuda")
+    _, gw_only_inv = ops.multihead_spmm_backward_csc(colptr, row, perm, None, x, grad_out,
+                                                     perm_inv)
+    assert torch.equal(gw_only_inv, gw_only), "perm_inv, grad_weight only: not bitwise equal"
 
     poison((num_src, H, D), dtype, "cuda")
     gx_scatter = ops.multihead_spmm_backward_x_scatter(rowptr, col, weight, grad_out, num_src)

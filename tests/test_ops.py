@@ -62,18 +62,21 @@ def test_forward_matches_reference(case, dtype, index_dtype, device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("mode", ["csc", "no_csc", "no_csc_deterministic"])
+@pytest.mark.parametrize("mode", ["csc", "csc_perm_inv", "no_csc", "no_csc_deterministic"])
 @pytest.mark.parametrize("case", CASES[:6] + CASES[6:9])
 def test_backward_matches_reference(case, dtype, index_dtype, device, mode):
     rowptr, col, weight, x = make_inputs(case, dtype, index_dtype, device, seed=7,
                                          requires_grad=True)
     gen = torch.Generator().manual_seed(11)
     grad_out = torch.randn(case[0], case[3], case[4], generator=gen).to(device, dtype)
-    csc = pma.csr_to_csc(rowptr, col, x.size(0)) if mode == "csc" else None
+    csc = pma.csr_to_csc(rowptr, col, x.size(0)) if mode.startswith("csc") else None
+    perm_inv = pma.invert_perm(csc[2]) if mode == "csc_perm_inv" else None
     deterministic = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(mode == "no_csc_deterministic")
     try:
-        out = pma.multihead_spmm(rowptr, col, weight, x, csc=csc)
+        # An unwritten element of grad_weight shows as NaN.
+        torch.full((col.numel(), case[3]), float("nan"), dtype=dtype, device=device)
+        out = pma.multihead_spmm(rowptr, col, weight, x, csc=csc, perm_inv=perm_inv)
         grad_weight, grad_x = torch.autograd.grad(out, (weight, x), grad_out)
     finally:
         torch.use_deterministic_algorithms(deterministic)
@@ -120,17 +123,93 @@ def test_backward_ops_direct(device, index_dtype):
     torch.testing.assert_close(ops.multihead_spmm_backward_x_scatter(
         rowptr, col, weight, grad_out, x.size(0)), ref_gx)
     torch.testing.assert_close(ops.multihead_sddmm(rowptr, col, grad_out, x), ref_gw)
+    # With perm_inv: the same sums, so the same bits (CUDA: grad_weight by
+    # CSC entry, then gathered into edge order; CPU: checked only).
+    perm_inv = pma.invert_perm(perm)
+    for w in (weight, None):
+        got = ops.multihead_spmm_backward_csc(colptr, row, perm, w, x, grad_out, perm_inv)
+        want = ops.multihead_spmm_backward_csc(colptr, row, perm, w, x, grad_out)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+# (id, perm -> a bad perm_inv, words of the RuntimeError)
+PERM_INV_CASES_BAD = [
+    ("perm_inv_size", lambda p: pma.invert_perm(p)[:-1], ["perm_inv", "one entry per edge"]),
+    ("perm_inv_dtype", lambda p: pma.invert_perm(p).int(), ["perm_inv", "perm", "same dtype"]),
+    ("perm_inv_float", lambda p: pma.invert_perm(p).float(), ["perm_inv"]),
+    ("perm_inv_2d", lambda p: pma.invert_perm(p).view(1, -1), ["perm_inv"]),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", PERM_INV_CASES_BAD, ids=[c[0] for c in PERM_INV_CASES_BAD])
+def test_bad_perm_inv(case, device):
+    _, breaker, words = case
+    rowptr, col, weight, x = make_inputs(CASES[0], torch.float32, torch.int64, device, seed=4)
+    grad_out = torch.randn(CASES[0][0], 4, 8, device=device)
+    colptr, row, perm = pma.csr_to_csc(rowptr, col, x.size(0))
+    with pytest.raises(RuntimeError) as info:
+        ops.multihead_spmm_backward_csc(colptr, row, perm, weight, x, grad_out, breaker(perm))
+    for word in words:
+        assert word in str(info.value), (word, str(info.value))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_perm_inv_on_another_device_cuda():
+    rowptr, col, weight, x = make_inputs(CASES[0], torch.float32, torch.int64, "cuda", seed=4)
+    grad_out = torch.randn(CASES[0][0], 4, 8, device="cuda")
+    colptr, row, perm = pma.csr_to_csc(rowptr, col, x.size(0))
+    with pytest.raises(RuntimeError, match="perm_inv"):
+        ops.multihead_spmm_backward_csc(colptr, row, perm, weight, x, grad_out,
+                                        pma.invert_perm(perm).cpu())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_out_of_range_perm_inv_does_not_fault_cuda(dtype):
+    """Without validate a perm_inv that is no inverse gives wrong gradients,
+    but the gather into edge order reads nothing out of bounds: an edge whose
+    perm_inv is out of range gets zeros."""
+    rowptr, col, weight, x = make_inputs(CASES[9], dtype, torch.int32, "cuda", seed=4)
+    grad_out = torch.randn(CASES[9][0], 4, 32, device="cuda", dtype=dtype)
+    colptr, row, perm = pma.csr_to_csc(rowptr, col, x.size(0))
+    inv = pma.invert_perm(perm)
+    _, want = ops.multihead_spmm_backward_csc(colptr, row, perm, weight, x, grad_out)
+    bad = inv.clone()
+    bad[::3] += inv.numel()
+    bad[1::3] = -1 - bad[1::3]
+    _, got = ops.multihead_spmm_backward_csc(colptr, row, perm, weight, x, grad_out, bad)
+    torch.cuda.synchronize()
+    assert not got[::3].any() and not got[1::3].any()
+    assert torch.equal(got[2::3], want[2::3])
+    _, flipped = ops.multihead_spmm_backward_csc(colptr, row, perm, weight, x, grad_out,
+                                                 inv.flip(0))
+    assert torch.isfinite(flipped).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_validate_checks_perm_inv(device):
+    rowptr, col, weight, x = make_inputs(CASES[0], torch.float32, torch.int64, device, seed=4)
+    csc = pma.csr_to_csc(rowptr, col, x.size(0))
+    inv = pma.invert_perm(csc[2])
+    pma.multihead_spmm(rowptr, col, weight, x, csc=csc, perm_inv=inv, validate=True)
+    for bad, match in ((inv.flip(0), "inverse of perm"), (inv + inv.numel(), "CSC entries in"),
+                       (inv[:-1], "one per edge"), (inv.int(), "dtype of perm")):
+        with pytest.raises(ValueError, match=match):
+            pma.multihead_spmm(rowptr, col, weight, x, csc=csc, perm_inv=bad, validate=True)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
-@pytest.mark.parametrize("with_csc", [True, False])
+@pytest.mark.parametrize("with_csc", [True, False, "perm_inv"])
 def test_gradcheck(device, index_dtype, with_csc):
     rowptr, col, weight, x = make_inputs((9, 11, 40, 2, 3, False), torch.float64, index_dtype,
                                          device, seed=1, requires_grad=True)
     csc = pma.csr_to_csc(rowptr, col, x.size(0)) if with_csc else None
+    perm_inv = pma.invert_perm(csc[2]) if with_csc == "perm_inv" else None
     assert torch.autograd.gradcheck(
-        lambda w, f: pma.multihead_spmm(rowptr, col, w, f, csc=csc), (weight, x))
+        lambda w, f: pma.multihead_spmm(rowptr, col, w, f, csc=csc, perm_inv=perm_inv),
+        (weight, x))
 
 
 def _opcheck_samples(device):
@@ -143,8 +222,12 @@ def _opcheck_samples(device):
                 grad_out = torch.randn(case[0], case[3], case[4], dtype=dtype, device=device)
                 yield "multihead_spmm", (rowptr, col, weight, x)
                 yield "multihead_spmm", (rowptr, col, weight, x, colptr, row, perm)
+                perm_inv = pma.invert_perm(perm)
+                yield "multihead_spmm", (rowptr, col, weight, x, colptr, row, perm, perm_inv)
                 yield "multihead_spmm_backward_csc", (colptr, row, perm, weight.detach(),
                                                       x.detach(), grad_out)
+                yield "multihead_spmm_backward_csc", (colptr, row, perm, weight.detach(),
+                                                      x.detach(), grad_out, perm_inv)
                 yield "multihead_spmm_backward_csc", (colptr, row, perm, None, x.detach(),
                                                       grad_out)
                 yield "multihead_spmm_backward_x_scatter", (rowptr, col, weight.detach(),
@@ -158,7 +241,7 @@ def test_opcheck(device):
     for name, args in _opcheck_samples(device):
         torch.library.opcheck(getattr(ops, name), args)
         count += 1
-    assert count == 72
+    assert count == 96
 
 
 @pytest.mark.parametrize("device", DEVICES)

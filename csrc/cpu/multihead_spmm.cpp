@@ -28,7 +28,8 @@ at::Tensor multihead_spmm_cpu(const at::Tensor& rowptr, const at::Tensor& col,
                               const at::Tensor& weight, const at::Tensor& x,
                               const std::optional<at::Tensor>& /*colptr*/,
                               const std::optional<at::Tensor>& /*row*/,
-                              const std::optional<at::Tensor>& /*perm*/) {
+                              const std::optional<at::Tensor>& /*perm*/,
+                              const std::optional<at::Tensor>& /*perm_inv*/) {
   check_spmm(rowptr, col, weight, x);
   TORCH_CHECK(x.device().is_cpu(), "x must be a CPU tensor for the CPU kernel");
   const auto rowptr_c = rowptr.contiguous();
@@ -78,8 +79,9 @@ at::Tensor multihead_spmm_cpu(const at::Tensor& rowptr, const at::Tensor& col,
 std::tuple<at::Tensor, at::Tensor> multihead_spmm_backward_csc_cpu(
     const at::Tensor& colptr, const at::Tensor& row, const at::Tensor& perm,
     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& x,
-    const at::Tensor& grad_out) {
-  const int64_t N_src = check_backward_csc(colptr, row, perm, weight, x, grad_out);
+    const at::Tensor& grad_out, const std::optional<at::Tensor>& perm_inv) {
+  // perm_inv is only checked: this kernel writes grad_weight by edge id.
+  const int64_t N_src = check_backward_csc(colptr, row, perm, weight, x, grad_out, perm_inv);
   const int64_t E = row.numel(), N_dst = grad_out.size(0), H = grad_out.size(1), D = grad_out.size(2);
   const int64_t HD = H * D;
   const bool need_grad_x = weight.has_value(), need_grad_weight = x.has_value();

@@ -327,10 +327,13 @@ struct DotParams {
   const scalar_t* gathered;    // [num_gathered, H, D]
   const scalar_t* weight;      // [E, H] or nullptr
   scalar_t* acc_out;           // [num_rows, H, D] when weight
-  scalar_t* dot_out;           // [E, H]
+  scalar_t* dot_out;           // [E, H]: by edge id e, or by entry k when dot_by_entry
   at::opmath_type<scalar_t>* part;  // [slots, H * D] sliced rows' partial acc_out (weight)
   int64_t num_rows, num_gathered, num_edges;
   int H, D, HD, G, S, num_chunks;
+  // dot_out by entry: row k holds entry k's dots (the CSC order the kernel
+  // walks), for a gather into edge order (gather_rows_kernel) afterwards.
+  bool dot_by_entry;
 };
 
 template <int U, typename scalar_t, typename index_t, int V, int VPL>
@@ -382,8 +385,10 @@ __device__ __forceinline__ void dot_step(at::opmath_type<scalar_t> (&acc)[VPL][V
       // group-uniform. Vectors k that share a head were summed into `run`.
       if (last[k]) {
         for (int off = p.S >> 1; off > 0; off >>= 1) run += __shfl_xor_sync(mask, run, off);
-        if (leader && m.valid[k] && e_ok[u])
-          p.dot_out[static_cast<int64_t>(e[u]) * p.H + m.head[k]] = static_cast<scalar_t>(run);
+        if (leader && m.valid[k] && e_ok[u]) {
+          const int64_t at = p.dot_by_entry ? e0 + u : static_cast<int64_t>(e[u]);
+          p.dot_out[at * p.H + m.head[k]] = static_cast<scalar_t>(run);
+        }
         run = 0;
       }
     }
@@ -493,8 +498,14 @@ __device__ __forceinline__ void dot_entries_transposed(at::opmath_type<scalar_t>
     transpose_round<2, kS>(d, q, mask);
     transpose_round<1, kS>(d, q, mask);
 #pragma unroll
-    for (int s = 0; s < kSlots; ++s)
-      if (ok[s]) *row_at(dot_out, cur.eq[s], H) = static_cast<scalar_t>(d[s * kS]);
+    for (int s = 0; s < kSlots; ++s) {
+      if (!ok[s]) continue;
+      if (p.dot_by_entry) {  // uniform
+        dot_out[(lo + k0 + s * kS + q) * H] = static_cast<scalar_t>(d[s * kS]);
+      } else {
+        *row_at(dot_out, cur.eq[s], H) = static_cast<scalar_t>(d[s * kS]);
+      }
+    }
     if (!kFuseAcc && with_weight) {  // uniform
 #pragma unroll
       for (int u = 0; u < U; ++u)
@@ -617,7 +628,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
           for (int d = lane; d < p.D; d += G)
             dot += load_value(a + h * p.D + d) * load_value(b + h * p.D + d);
         for (int off = G >> 1; off > 0; off >>= 1) dot += __shfl_xor_sync(mask, dot, off);
-        if (lane == 0) p.dot_out[e * p.H + h] = static_cast<scalar_t>(dot);
+        if (lane == 0) p.dot_out[(p.dot_by_entry ? k : e) * p.H + h] = static_cast<scalar_t>(dot);
       }
     }
   };
@@ -662,6 +673,79 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     entries(r, slo, shi);
   };
   for_each_work_item(rowptr, num_edges, wl, G, 1, short_entries, long_row);
+}
+
+// ---------------------------------------------------------------------------
+// Rows through an index: dst[e] = src[index[e]] for rows of `vpr` vectors of
+// type vec_t (a whole [H] row in one 16-, 8-, 4- or 2-byte access for
+// H * sizeof(scalar_t) = 16, 8, 4, 2 and aligned pointers), zero for an
+// out-of-range index[e] (a malformed one cannot read out of bounds). Puts
+// the backward's CSC-ordered grad_weight into edge order (index =
+// perm_inv). kUnroll independent loads per thread; the reads of src are
+// random, the rest sequential (products-like, float32: 1.7 ms for 61M rows
+// of 16 bytes, ~3 TB/s counting 64 bytes of DRAM per random read).
+// ---------------------------------------------------------------------------
+
+template <typename vec_t, typename index_t>
+__global__ void __launch_bounds__(kThreads)
+    gather_rows_kernel(const vec_t* __restrict__ src, const index_t* __restrict__ index,
+                       vec_t* __restrict__ dst, int64_t num_rows, int vpr) {
+  constexpr int kUnroll = 4;
+  const int64_t n = num_rows * vpr;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads * kUnroll;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads * kUnroll + threadIdx.x;
+       base < n; base += stride) {
+    int64_t from[kUnroll];
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      const int64_t i = base + j * kThreads;
+      const int64_t r = vpr == 1 ? i : i / vpr;
+      const int64_t k = i < n ? load_index(index + r) : -1;
+      from[j] = in_range(k, num_rows) ? k * vpr + (i - r * vpr) : -1;
+    }
+    vec_t v[kUnroll];
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      v[j] = vec_t{};
+      if (from[j] >= 0) v[j] = src[from[j]];
+    }
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j)
+      if (base + j * kThreads < n) dst[base + j * kThreads] = v[j];
+  }
+}
+
+// dst[e, :] = src[index[e], :] for contiguous [E, H] tensors of one dtype.
+template <typename index_t>
+void launch_gather_rows(const at::Tensor& src, const at::Tensor& index, at::Tensor& dst) {
+  const int64_t E = dst.size(0), row_bytes = dst.size(1) * dst.element_size();
+  if (E == 0 || row_bytes == 0) return;
+  auto run = [&](auto vec) {
+    using vec_t = decltype(vec);
+    const int vpr = static_cast<int>(row_bytes / static_cast<int64_t>(sizeof(vec_t)));
+    const int64_t n = E * vpr, per_block = kThreads * 4LL;
+    const int blocks = static_cast<int>(
+        std::max<int64_t>(1, std::min<int64_t>((n + per_block - 1) / per_block, num_sms() * 16LL)));
+    gather_rows_kernel<vec_t, index_t><<<blocks, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+        static_cast<const vec_t*>(src.data_ptr()), index.data_ptr<index_t>(),
+        static_cast<vec_t*>(dst.data_ptr()), E, vpr);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  // The widest access that divides a row and both pointers' alignment (a
+  // caller's weight may be a view at any element offset).
+  auto fits = [&](int64_t bytes) {
+    return row_bytes % bytes == 0 && is_aligned(src.data_ptr(), bytes) &&
+           is_aligned(dst.data_ptr(), bytes);
+  };
+  if (fits(16)) {
+    run(uint4{});
+  } else if (fits(8)) {
+    run(uint2{});
+  } else if (fits(4)) {
+    run(uint32_t{});
+  } else {
+    run(uint16_t{});
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -811,7 +895,8 @@ at::Tensor multihead_spmm_cuda(const at::Tensor& rowptr, const at::Tensor& col,
                                const at::Tensor& weight, const at::Tensor& x,
                                const std::optional<at::Tensor>& /*colptr*/,
                                const std::optional<at::Tensor>& /*row*/,
-                               const std::optional<at::Tensor>& /*perm*/) {
+                               const std::optional<at::Tensor>& /*perm*/,
+                               const std::optional<at::Tensor>& /*perm_inv*/) {
   check_spmm(rowptr, col, weight, x);
   TORCH_CHECK(x.is_cuda(), "x must be a CUDA tensor for the CUDA kernel");
   const c10::cuda::CUDAGuard guard(x.device());
@@ -847,8 +932,8 @@ at::Tensor multihead_spmm_cuda(const at::Tensor& rowptr, const at::Tensor& col,
 std::tuple<at::Tensor, at::Tensor> multihead_spmm_backward_csc_cuda(
     const at::Tensor& colptr, const at::Tensor& row, const at::Tensor& perm,
     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& x,
-    const at::Tensor& grad_out) {
-  const int64_t N_src = check_backward_csc(colptr, row, perm, weight, x, grad_out);
+    const at::Tensor& grad_out, const std::optional<at::Tensor>& perm_inv) {
+  const int64_t N_src = check_backward_csc(colptr, row, perm, weight, x, grad_out, perm_inv);
   const int64_t E = row.numel(), N_dst = grad_out.size(0), H = grad_out.size(1);
   const int64_t D = grad_out.size(2);
   const bool need_grad_x = weight.has_value(), need_grad_weight = x.has_value();
@@ -856,14 +941,28 @@ std::tuple<at::Tensor, at::Tensor> multihead_spmm_backward_csc_cuda(
   check_int_width(H, D);
   const c10::cuda::CUDAGuard guard(grad_out.device());
   auto grad_x = at::empty({need_grad_x ? N_src : 0, H, D}, grad_out.options());
-  // Zero-filled, as on the CPU: if perm is not a permutation, unvisited edges read 0.
-  auto grad_weight = at::zeros({need_grad_weight ? E : 0, H}, grad_out.options());
-  if ((!need_grad_x && !need_grad_weight) || H * D == 0 || N_src == 0) return {grad_x, grad_weight};
-  if (E == 0) {
+  // The kernels write every edge's row of grad_weight when perm is a
+  // permutation (a CSC's), so it is not zero-filled first (an [E, H] memset,
+  // 0.3 ms on products-like float32); a malformed CSC leaves it meaningless,
+  // as the CUDA kernels' other outputs (docs/robustness.md). The CPU kernel
+  // zero-fills it.
+  auto grad_weight = at::empty({need_grad_weight ? E : 0, H}, grad_out.options());
+  if ((!need_grad_x && !need_grad_weight) || H * D == 0 || N_src == 0 || E == 0) {
     grad_x.zero_();
+    grad_weight.zero_();
     return {grad_x, grad_weight};
   }
+  // With perm_inv, the dots go to a scratch [E, H] by CSC entry (runs of
+  // consecutive entries per column, instead of 16-byte pieces of 32-byte
+  // sectors at random edge ids, which the memory reads, merges and writes
+  // back) and one gather through perm_inv puts them in edge order.
+  const bool by_entry = need_grad_weight && perm_inv.has_value() && perm_inv->defined();
+  const auto inv_c = by_entry ? perm_inv->contiguous() : at::Tensor();
+  auto dots = by_entry ? at::empty({E, H}, grad_out.options()) : grad_weight;
   const auto colptr_c = colptr.contiguous(), row_c = row.contiguous(), perm_c = perm.contiguous();
+  // (The weights stay read through perm: gathering them into CSC order
+  // first, the same way, measured 0.3-0.9 ms slower on products- and
+  // reddit-like; session 14, KERNEL_NOTES.)
   const auto go = grad_out.contiguous();
   const auto weight_c = need_grad_x ? weight->contiguous() : at::Tensor();
   const auto x_c = need_grad_weight ? x->contiguous() : at::Tensor();
@@ -877,7 +976,8 @@ std::tuple<at::Tensor, at::Tensor> multihead_spmm_backward_csc_cuda(
       d.gathered = go.data_ptr<scalar_t>();
       d.weight = need_grad_x ? weight_c.data_ptr<scalar_t>() : nullptr;
       d.acc_out = need_grad_x ? grad_x.data_ptr<scalar_t>() : nullptr;
-      d.dot_out = need_grad_weight ? grad_weight.data_ptr<scalar_t>() : nullptr;
+      d.dot_out = need_grad_weight ? dots.data_ptr<scalar_t>() : nullptr;
+      d.dot_by_entry = by_entry;
       d.num_rows = N_src;
       d.num_gathered = N_dst;
       d.num_edges = E;
@@ -885,7 +985,10 @@ std::tuple<at::Tensor, at::Tensor> multihead_spmm_backward_csc_cuda(
       d.D = static_cast<int>(D);
       d.HD = static_cast<int>(H * D);
       // Both gradients in one pass when the fast path applies.
-      if (need_grad_x && need_grad_weight && try_launch_dot_gather(d, colptr.options())) return;
+      if (need_grad_x && need_grad_weight && try_launch_dot_gather(d, colptr.options())) {
+        if (by_entry) launch_gather_rows<index_t>(dots, inv_c, grad_weight);
+        return;
+      }
       if (need_grad_x) {
         GatherParams<scalar_t, index_t> g{};
         g.ptr = d.ptr;
@@ -906,6 +1009,7 @@ std::tuple<at::Tensor, at::Tensor> multihead_spmm_backward_csc_cuda(
         d.weight = nullptr;
         d.acc_out = nullptr;
         launch_dot(d, colptr.options());
+        if (by_entry) launch_gather_rows<index_t>(dots, inv_c, grad_weight);
       }
     });
   });

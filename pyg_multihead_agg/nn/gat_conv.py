@@ -487,14 +487,15 @@ class GATConv(PyGGATConv):
                     and edge_index.num_cols is not None:
                 num_dst = edge_index.num_cols
             need_csc = torch.is_grad_enabled() and (alpha.requires_grad or x_src.requires_grad)
-            rowptr, col, csc, _ = self._csr_csc(edge_index, x_src.size(0), num_dst, need_csc)
+            rowptr, col, csc, perm_inv = self._csr_csc(edge_index, x_src.size(0), num_dst,
+                                                      need_csc)
         else:
             # torch.sparse_coo: no compressed rows to fuse over, so do what
             # PyG's unfused path does.
             row, col = edge_index.indices()
             msg = self.message(x_src.index_select(0, col), alpha)
             return self.aggregate(msg, row, dim_size=edge_index.size(0))
-        return ops.multihead_spmm(rowptr, col, alpha, x_src, csc=csc)
+        return ops.multihead_spmm(rowptr, col, alpha, x_src, csc=csc, perm_inv=perm_inv)
 
     def _csr_csc(self, edge_index: Adj, num_src: int, num_dst: int, need_csc: bool):
         """(rowptr, col, csc, perm_inv) of a fused adjacency, rows =
