@@ -1758,9 +1758,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backwar
             at::zeros({s.N_dst, s.H}, x.options()),
             at::zeros({has_edge ? s.E : 0, s.H}, x.options())};
   }
-  // The kernels write every source's and every row's gradient; grad_z is
-  // zero-filled so that a CSC whose perm misses edges leaves zeros. With
-  // perm_inv, grad_z is indexed by CSC entry: written in the order the
+  // The kernels write every source's and every row's gradient, and every
+  // entry of grad_z when the CSC is valid, so grad_z is not zero-filled (an
+  // [E, H] float32 memset, 0.2-0.3 ms on reddit- and products-like; a
+  // malformed CSC leaves it, and so the gradients, meaningless, as the CUDA
+  // kernels' other outputs: docs/robustness.md). With perm_inv, grad_z is
+  // indexed by CSC entry: written in the order the
   // kernel walks the CSC (runs of consecutive entries) instead of at random
   // edge ids, whose 16-byte pieces of 32-byte sectors cost 2.3-2.9 ms of the
   // backward on products- and reddit-like (session 13, without the stores),
@@ -1770,7 +1773,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backwar
   auto grad_x = at::empty({s.N_src, s.H, s.D}, x.options());
   auto grad_src = at::empty({s.N_src, s.H}, x.options());
   auto grad_dst = at::empty({s.N_dst, s.H}, x.options());
-  auto grad_z = at::zeros({s.E, s.H}, x.options().dtype(acc_dtype));
+  auto grad_z = at::empty({s.E, s.H}, x.options().dtype(acc_dtype));
   const auto go = grad_out.contiguous(), out_c = out.contiguous();
   const auto lse_c = lse.contiguous();
   const bool has_glse = grad_lse.has_value() && grad_lse->defined();
