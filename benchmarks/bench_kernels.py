@@ -178,7 +178,7 @@ def bench_dtype(g, csc, dtype, device, ncu, profile=False, check=True):
     print(f"{g.name:14s} {dt:9s} spmm rel err {spmm_errs}", flush=True)
     if spmm_inv:  # the same sums, stored elsewhere first: bitwise equal
         same = all(torch.equal(a, b) for a, b in zip(calls["spmm_bwd_csc"](),
-                                                     calls["spmm_bwd_inv"]()))
+                                                     calls["spmm_bwd_inv"](), strict=True))
         print(f"{g.name:14s} {dt:9s} spmm_bwd_inv bitwise equal: {same}", flush=True)
         if not same and check:
             raise SystemExit(f"{g.name} {dt}: spmm_bwd_inv differs from spmm_bwd_csc")
