@@ -72,3 +72,18 @@ def rel_error(out, ref):
     assert torch.isfinite(out).all(), "output has NaN or inf"
     denom = ref.norm().clamp_min(1e-30)
     return float((out - ref).norm() / denom) if ref.numel() else 0.0
+
+
+def _inverse(perm):
+    import pyg_multihead_agg as pma
+    return pma.invert_perm(perm)
+
+
+# Bad perm_inv arguments of the ops that take one: (id, perm -> a bad
+# perm_inv, words of the RuntimeError).
+PERM_INV_CASES_BAD = [
+    ("perm_inv_size", lambda p: _inverse(p)[:-1], ["perm_inv", "one entry per edge"]),
+    ("perm_inv_dtype", lambda p: _inverse(p).int(), ["perm_inv", "perm", "same dtype"]),
+    ("perm_inv_float", lambda p: _inverse(p).float(), ["perm_inv"]),
+    ("perm_inv_2d", lambda p: _inverse(p).view(1, -1), ["perm_inv"]),
+]

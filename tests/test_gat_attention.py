@@ -11,7 +11,16 @@ from typing import NamedTuple, Optional
 import pytest
 import torch
 import torch_geometric.nn
-from conftest import DEVICES, FLOAT_DTYPES, INDEX_DTYPES, TOLERANCE, poison, random_csr, rel_error
+from conftest import (
+    DEVICES,
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    PERM_INV_CASES_BAD,
+    TOLERANCE,
+    poison,
+    random_csr,
+    rel_error,
+)
 from gat_reference import (
     dropout_keep,
     dropout_threshold,
@@ -1404,15 +1413,6 @@ def test_bad_backward_arguments(case, device):
     for word in words:
         assert word in str(info.value), (word, str(info.value))
     assert_still_works(device)
-
-
-# (id, perm -> a bad perm_inv, words)
-PERM_INV_CASES_BAD = [
-    ("perm_inv_size", lambda p: pma.invert_perm(p)[:-1], ["perm_inv", "one entry per edge"]),
-    ("perm_inv_dtype", lambda p: pma.invert_perm(p).int(), ["perm_inv", "perm", "same dtype"]),
-    ("perm_inv_float", lambda p: pma.invert_perm(p).float(), ["perm_inv"]),
-    ("perm_inv_2d", lambda p: pma.invert_perm(p).view(1, -1), ["perm_inv"]),
-]
 
 
 @pytest.mark.parametrize("device", DEVICES)

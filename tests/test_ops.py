@@ -5,6 +5,7 @@ from conftest import (
     DEVICES,
     FLOAT_DTYPES,
     INDEX_DTYPES,
+    PERM_INV_CASES_BAD,
     TOLERANCE,
     random_csr,
     reference_spmm,
@@ -130,15 +131,6 @@ def test_backward_ops_direct(device, index_dtype):
         got = ops.multihead_spmm_backward_csc(colptr, row, perm, w, x, grad_out, perm_inv)
         want = ops.multihead_spmm_backward_csc(colptr, row, perm, w, x, grad_out)
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
-
-
-# (id, perm -> a bad perm_inv, words of the RuntimeError)
-PERM_INV_CASES_BAD = [
-    ("perm_inv_size", lambda p: pma.invert_perm(p)[:-1], ["perm_inv", "one entry per edge"]),
-    ("perm_inv_dtype", lambda p: pma.invert_perm(p).int(), ["perm_inv", "perm", "same dtype"]),
-    ("perm_inv_float", lambda p: pma.invert_perm(p).float(), ["perm_inv"]),
-    ("perm_inv_2d", lambda p: pma.invert_perm(p).view(1, -1), ["perm_inv"]),
-]
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -386,8 +386,8 @@ __device__ __forceinline__ void dot_step(at::opmath_type<scalar_t> (&acc)[VPL][V
       if (last[k]) {
         for (int off = p.S >> 1; off > 0; off >>= 1) run += __shfl_xor_sync(mask, run, off);
         if (leader && m.valid[k] && e_ok[u]) {
-          const int64_t at = p.dot_by_entry ? e0 + u : static_cast<int64_t>(e[u]);
-          p.dot_out[at * p.H + m.head[k]] = static_cast<scalar_t>(run);
+          const int64_t out_row = p.dot_by_entry ? e0 + u : static_cast<int64_t>(e[u]);
+          p.dot_out[out_row * p.H + m.head[k]] = static_cast<scalar_t>(run);
         }
         run = 0;
       }
@@ -731,8 +731,9 @@ void launch_gather_rows(const at::Tensor& src, const at::Tensor& index, at::Tens
         static_cast<vec_t*>(dst.data_ptr()), E, vpr);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
-  // The widest access that divides a row and both pointers' alignment (a
-  // caller's weight may be a view at any element offset).
+  // The widest access that divides a row and both pointers' alignment
+  // (always 16 or 8 bytes, or the row, for the fresh [E, H] tensors of the
+  // backward; checked all the same).
   auto fits = [&](int64_t bytes) {
     return row_bytes % bytes == 0 && is_aligned(src.data_ptr(), bytes) &&
            is_aligned(dst.data_ptr(), bytes);
