@@ -96,7 +96,8 @@ def invert_perm(perm: Tensor) -> Tensor:
     r"""The inverse of a CSC's :obj:`perm` (:func:`csr_to_csc`): for each edge
     :obj:`e` in CSR order, the CSC entry :obj:`k` with :obj:`perm[k] = e`, in
     the dtype and on the device of :obj:`perm`. Passed as :obj:`perm_inv` to
-    :func:`~pyg_multihead_agg.gat_attention` (the layer does, once per
+    :func:`~pyg_multihead_agg.gat_attention` or
+    :func:`~pyg_multihead_agg.multihead_spmm` (the layer does, once per
     cached graph), it lets the CUDA backward keep its per-edge gradients in
     CSC order. One scatter over the edges.
     """

@@ -563,9 +563,10 @@ def _torch_csr_with_csc(cache: GraphCache, adj_t: Tensor, need_csc: bool):
 
 def _with_perm_inv(rowptr: Tensor, col: Tensor, csc):
     # A cached graph's CSC with the inverse of its perm, on CUDA: the fused
-    # backward then keeps its per-edge gradients in CSC order (written as it
-    # walks the CSC, not at random edge ids; see gat_attention). One scatter
-    # per graph. The CPU kernel does not use it.
+    # backward (and, without fused attention, the spmm backward) then keeps
+    # its per-edge gradients in CSC order (written as it walks the CSC, not
+    # at random edge ids; see gat_attention, multihead_spmm). One scatter per
+    # graph. The CPU kernels do not use it.
     perm_inv = None
     if csc is not None and csc[2].is_cuda:
         perm_inv = invert_perm(csc[2])
