@@ -1441,7 +1441,7 @@ def test_perm_inv_on_another_device_cuda():
 def test_out_of_range_perm_inv_does_not_fault_cuda():
     """Without validate a perm_inv that is no inverse gives wrong gradients
     but reads nothing out of bounds (the row sums skip CSC entries out of
-    range; grad_s_edge gathers through a clamped copy)."""
+    range; grad_s_edge's gather into edge order gives 0 for them)."""
     args = _backward_args("cuda")
     inv = pma.invert_perm(args["perm"])
     for bad in (inv + inv.numel(), -inv - 1, inv.flip(0)):

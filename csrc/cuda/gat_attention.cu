@@ -1821,9 +1821,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backwar
                           rowptr_c.data_ptr<index_t>(), colptr.options());
     });
   });
-  // grad_s_edge by edge id: grad_z gathered through perm_inv (clamped, so
-  // that a malformed perm_inv cannot read out of bounds).
-  if (has_edge && has_inv) grad_z = grad_z.index_select(0, inv_c.clamp(0, s.E - 1));
+  // grad_s_edge by edge id: grad_z gathered through perm_inv (an
+  // out-of-range entry of a malformed perm_inv gives 0, reads nothing).
+  if (has_edge && has_inv) {
+    auto by_edge = at::empty({s.E, s.H}, grad_z.options());
+    INDEX_SWITCH(perm_inv->scalar_type(), "gat_attention_backward", [&] {
+      launch_gather_rows<index_t>(grad_z, inv_c, by_edge);
+    });
+    grad_z = by_edge;
+  }
   auto grad_edge = has_edge ? grad_z.to(x.scalar_type()) : at::empty({0, s.H}, x.options());
   return {grad_x, grad_src, grad_dst, grad_edge};
 }
