@@ -132,6 +132,7 @@ PERMINV=(
 # every test_cuda_kernels.py test too, through its module name.
 MALFORMED=(
   "$K::test_malformed_graphs_do_not_fault"
+  "$G::test_overlapping_rows_do_not_fault_cuda"
   "$K::test_unaligned_and_non_contiguous_inputs"
   tests/test_malformed.py tests/test_properties.py -k cuda
 )

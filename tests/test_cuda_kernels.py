@@ -447,7 +447,14 @@ def malformed_graphs(num_dst, num_src, num_edges, gen):
     shifted = rowptr - 10  # negative start, ends short of E
     overflow = rowptr.clone()
     overflow[-1] = num_edges * 4
-    return [(rowptr, bad_col), (decreasing, col), (shifted, col), (overflow, col)]
+    # Back to 0 at every other row: rows [0, E) again and again, more long
+    # rows (and slices of them) than E edges can make, so more than the
+    # backward's slice lists hold.
+    overlapping = torch.zeros_like(rowptr)
+    overlapping[1::2] = num_edges
+    overlapping[-1] = num_edges
+    return [(rowptr, bad_col), (decreasing, col), (shifted, col), (overflow, col),
+            (overlapping, col)]
 
 
 @pytest.mark.parametrize("index_dtype", INDICES)

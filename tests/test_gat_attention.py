@@ -1452,6 +1452,42 @@ def test_out_of_range_perm_inv_does_not_fault_cuda():
     assert_still_works("cuda")
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_overlapping_rows_do_not_fault_cuda(index_dtype):
+    """Pointers back to 0 at every other row (rows [0, E) again and again)
+    make more long rows, and more slices of them, than a graph of E edges
+    can: the backward's slice lists (CSC columns, and the rows of its row
+    sums) drop what does not fit instead of writing past their storage.
+    Meaningless results, no fault, and the next valid call is right."""
+    gen = torch.Generator().manual_seed(31)
+    num_src, num_dst, num_edges = 30, 40, 400
+
+    def overlapping(n):
+        ptr = torch.zeros(n + 1, dtype=index_dtype)
+        ptr[1::2] = num_edges
+        ptr[-1] = num_edges
+        return ptr.cuda()
+
+    def indices(high):
+        return torch.randint(0, high, (num_edges,), generator=gen).to(index_dtype).cuda()
+
+    rowptr, colptr = overlapping(num_dst), overlapping(num_src)
+    col, row = indices(num_src), indices(num_dst)
+    perm = torch.randperm(num_edges, generator=gen).to(index_dtype).cuda()
+    for heads, channels in ((4, 32), (2, 3)):
+        s_src = torch.randn(num_src, heads, generator=gen).cuda()
+        s_dst = torch.randn(num_dst, heads, generator=gen).cuda()
+        x = torch.randn(num_src, heads, channels, generator=gen).cuda()
+        out, lse = ops.gat_attention(rowptr, col, s_src, s_dst, None, x, 0.2, 0.0, PHILOX)
+        for perm_inv in (None, pma.invert_perm(perm)):
+            ops.gat_attention_backward(rowptr, col, colptr, row, perm, s_src, s_dst, None, x,
+                                       out, lse, torch.randn_like(out), torch.randn_like(lse),
+                                       0.2, 0.0, PHILOX, None, perm_inv)
+        torch.cuda.synchronize()
+    assert_still_works("cuda")
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_validate_checks_perm_inv(device):
     inp = good(device)

@@ -658,8 +658,30 @@ struct SliceList {
   int64_t num_rows;
   int64_t long_threshold;  // rows with more entries than this are sliced
   int64_t slice_len;       // entries per slice (the last one of a row: fewer)
-  bool sort_fetch;         // sort a fetch's short rows by degree (FetchOrder)
+  // Capacity of the lists: a valid pointer array never fills them; a
+  // malformed one (decreasing, so that rows overlap) can claim more long rows
+  // and slots than there are, and those past the end are dropped (their
+  // output is then meaningless, never out of bounds).
+  int64_t max_long, max_slots;
+  bool sort_fetch;  // sort a fetch's short rows by degree (FetchOrder)
 };
+
+// Long rows and slots of a SliceList that fit its lists.
+__device__ __forceinline__ int64_t num_long_rows(const SliceList& sl) {
+  return min(static_cast<int64_t>(sl.counters[0]), sl.max_long);
+}
+__device__ __forceinline__ int64_t num_slots(const SliceList& sl) {
+  return min(static_cast<int64_t>(sl.counters[1]), sl.max_slots);
+}
+// Slots of long row li (its last ones dropped if they did not fit).
+template <typename index_t>
+__device__ __forceinline__ int64_t row_slots(const SliceList& sl, const index_t* ptr,
+                                             int64_t num_edges, int64_t li) {
+  int64_t lo, hi;
+  row_range(ptr, sl.long_rows[li], num_edges, lo, hi);
+  const int64_t fit = max(int64_t{0}, sl.max_slots - sl.long_base[li]);
+  return min((hi - lo + sl.slice_len - 1) / sl.slice_len, fit);
+}
 
 template <typename index_t>
 __global__ void __launch_bounds__(kThreads)
@@ -673,11 +695,12 @@ __global__ void __launch_bounds__(kThreads)
     if (hi - lo <= sl.long_threshold) continue;
     const int64_t n = (hi - lo + sl.slice_len - 1) / sl.slice_len;
     const int64_t li = static_cast<int64_t>(atomicAdd(&sl.counters[0], 1ull));
+    if (li >= sl.max_long) continue;  // malformed pointers only (see SliceList)
     const int64_t base =
         static_cast<int64_t>(atomicAdd(&sl.counters[1], static_cast<unsigned long long>(n)));
     long_rows[li] = r;
     long_base[li] = base;
-    for (int64_t k = 0; k < n; ++k) slot_owner[base + k] = li;
+    for (int64_t k = 0; k < n && base + k < sl.max_slots; ++k) slot_owner[base + k] = li;
   }
 }
 
@@ -694,13 +717,13 @@ __device__ __forceinline__ void for_each_slice_or_row(const index_t* ptr, int64_
   const int lane32 = threadIdx.x & 31, groups_per_warp = 32 / G, group = lane32 / G;
   const unsigned long long per_fetch = static_cast<unsigned long long>(groups_per_warp) *
                                        kFetchRounds;
-  const int64_t num_slots = static_cast<int64_t>(sl.counters[1]);
+  const int64_t slots = num_slots(sl);
   // Slices all have slice_len entries but a row's last: only the short rows'
   // fetches are sorted (FetchOrder; phase 0 keeps the identity order).
   using Order = FetchOrder<kSortable>;
   Order::init();
   for (int phase = 0; phase < 2; ++phase) {
-    const int64_t num_items = phase == 0 ? num_slots : sl.num_rows;
+    const int64_t num_items = phase == 0 ? slots : sl.num_rows;
     unsigned long long* counter = &sl.counters[2 + phase];
     for (;;) {
       unsigned long long base = 0;
@@ -761,13 +784,9 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kWarps = kThreads / 32;
   __shared__ acc_t red[kWarps][32 * 4];
   __shared__ unsigned s_big[kWarps];  // phase 1: which candidates are long, per warp
-  const int64_t num_long = static_cast<int64_t>(sl.counters[0]);
+  const int64_t num_long = num_long_rows(sl);
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  auto num_slices = [&](int64_t li) {
-    int64_t lo, hi;
-    row_range(ptr, sl.long_rows[li], num_edges, lo, hi);
-    return (hi - lo + sl.slice_len - 1) / sl.slice_len;
-  };
+  auto num_slices = [&](int64_t li) { return row_slots(sl, ptr, num_edges, li); };
   // This lane's sum over slots [k0, k1) of features [c0 + lane * 4, + 4)
   // (vec) or c0 + lane, in slot order, kBatch predicated loads at a time
   // (the SASS issues 5 of the 8 before the first add: ptxas reuses the first
@@ -1013,6 +1032,8 @@ SliceList make_slice_list(const index_t* ptr, int64_t num_rows, int64_t num_edge
   sl.sort_fetch = sort_fetch_enabled();
   const int64_t max_long = max_long_rows(sl, num_edges);
   max_slots = 2 * num_edges / sl.long_threshold + 1;
+  sl.max_long = max_long;
+  sl.max_slots = max_slots;
   storage = at::empty({4 + 2 * max_long + max_slots}, options.dtype(at::kLong));
   int64_t* base = storage.data_ptr<int64_t>();
   sl.counters = reinterpret_cast<unsigned long long*>(base);
