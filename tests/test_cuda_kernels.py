@@ -449,7 +449,8 @@ def malformed_graphs(num_dst, num_src, num_edges, gen):
     overflow[-1] = num_edges * 4
     # Back to 0 at every other row: rows [0, E) again and again, more long
     # rows (and slices of them) than E edges can make, so more than the
-    # backward's slice lists hold.
+    # backward's slice lists hold (writes past them are what memcheck, in
+    # scripts/sanitize.sh, would report).
     overlapping = torch.zeros_like(rowptr)
     overlapping[1::2] = num_edges
     overlapping[-1] = num_edges

@@ -1459,7 +1459,9 @@ def test_overlapping_rows_do_not_fault_cuda(index_dtype):
     make more long rows, and more slices of them, than a graph of E edges
     can: the backward's slice lists (CSC columns, and the rows of its row
     sums) drop what does not fit instead of writing past their storage.
-    Meaningless results, no fault, and the next valid call is right."""
+    Meaningless results, no fault, and the next valid call is right. A write
+    past the lists need not fault in a plain run: scripts/sanitize.sh runs
+    this test under memcheck, which found 7 on the session-14 build."""
     gen = torch.Generator().manual_seed(31)
     num_src, num_dst, num_edges = 30, 40, 400
 
