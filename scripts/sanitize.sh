@@ -127,6 +127,16 @@ PERMINV=(
   "$G::test_backward_perm_inv_same_results[8x50-E400-H8-D64-bfloat16-int64-no_edge-p0.5-transposed-cuda]"
   "$G::test_out_of_range_perm_inv_does_not_fault_cuda"
 )
+# The tensor-core forward (tensor_core_gather.cuh): heads of 32 and 16
+# features, long rows summed block-wide through shared memory, the
+# non-finite fallback, malformed graphs and the unaligned fallback.
+TC=(
+  "$K::test_tensor_core_forward[4-32-dtype1]"
+  "$K::test_tensor_core_forward[8-16-dtype0]"
+  "$K::test_tensor_core_forward_non_finite[dtype1-index_dtype0]"
+  "$K::test_tensor_core_forward_malformed_and_unaligned[index_dtype0]"
+  "$K::test_tensor_core_forward_malformed_and_unaligned[index_dtype1]"
+)
 # The device=cuda cases of the malformed-input catalogue and the properties
 # (with HYPOTHESIS_PROFILE=sanitize: a few examples each); `-k cuda` keeps
 # every test_cuda_kernels.py test too, through its module name.
@@ -145,14 +155,14 @@ OURS=(--kernel-name kns=pyg_multihead_agg)
 selection() {
   case "$1" in
     memcheck) echo "${SMALL[@]}" "${NARROW[@]}" "${HUB[@]}" "${GAT[@]}" "${TRANSPOSED[@]}" \
-      "${SORTED[@]}" "${PERMINV[@]}" "${MALFORMED[@]}";;
+      "${SORTED[@]}" "${PERMINV[@]}" "${TC[@]}" "${MALFORMED[@]}";;
     memcheck_large) echo "tests/test_large_index.py::test_many_source_rows[4-64-index_dtype0]";;
     racecheck) echo "${HUB[@]}" "${SMALL[0]}" "${SMALL[2]}" "${GAT[@]:1:2}" "${GAT[@]:4:2}" \
-      "${SORTED[@]:0:1}" "${PERMINV[@]:0:2}";;
+      "${SORTED[@]:0:1}" "${PERMINV[@]:0:2}" "${TC[@]:0:2}";;
     initcheck) echo "${SMALL[@]:0:3}" "${NARROW[0]}" "${HUB[0]}" \
       "$K::test_malformed_graphs_do_not_fault" "${GAT[@]}" "${TRANSPOSED[@]}";;
     synccheck) echo "${SMALL[@]:0:3}" "${NARROW[0]}" "${HUB[@]}" "${GAT[@]}" "${TRANSPOSED[@]}" \
-      "${SORTED[@]}" "${PERMINV[@]:0:4}";;
+      "${SORTED[@]}" "${PERMINV[@]:0:4}" "${TC[@]:0:3}";;
   esac
 }
 

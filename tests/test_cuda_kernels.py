@@ -348,6 +348,103 @@ def test_sorted_fetch_same_results(heads, channels, dtype, index_dtype, monkeypa
         assert torch.equal(a, b), name
 
 
+TC_HEADS = [(2, 64), (4, 32), (8, 16)]  # H * D = 128: the tensor-core forward's shapes
+
+
+def tile_graphs(gen):
+    """(index dtype, (rowptr, col, num_src)) for the tensor-core forward, on
+    the CPU: rows of every length around its 16-entry chunks and 8-row tiles
+    (a row count that is no multiple of 8), long rows among them (inside
+    tiles, summed block-wide), in int32; a power-law graph with a hub and
+    empty rows in int64."""
+    pattern = torch.tensor([0, 1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 3, 0, 200, 5, 64, 65, 4])
+    deg = pattern.repeat(30)[torch.randperm(30 * pattern.numel(), generator=gen)][:565]
+    assert deg.numel() % 8 != 0
+    graphs = [(*csr_from_degrees(deg, 400, gen, skew=2.0), 400),
+              (*power_law_graph(301, 200, gen, hub_degree=900), 200)]
+    return zip(INDICES, graphs, strict=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("heads,channels", TC_HEADS)
+def test_tensor_core_forward(heads, channels, dtype, monkeypatch):
+    """The spmm forward of 2-byte types on the tensor cores
+    (PYG_MULTIHEAD_AGG_TENSOR_CORES=1; tensor_core_gather.cuh) and on the
+    register kernels (0) match the float64 reference, int32 and int64, with
+    a poisoned output (every row written, long and empty ones included), and
+    each is bitwise reproducible. Unset, the variable picks one of the two."""
+    gen = torch.Generator().manual_seed(heads * 13 + channels)
+    for index_dtype, (rowptr, col, num_src) in tile_graphs(gen):
+        weight, x, _ = make_values(rowptr, col, num_src, heads, channels, dtype, gen)
+        rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
+        ref = reference_spmm(rowptr, col, weight, x)
+        for mode in ("1", "0"):
+            monkeypatch.setenv("PYG_MULTIHEAD_AGG_TENSOR_CORES", mode)
+            poison((rowptr.numel() - 1, heads, channels), dtype, "cuda")
+            out = ops.multihead_spmm(rowptr, col, weight, x)
+            assert_close(out, ref, dtype, f"tensor cores {mode}, {index_dtype}")
+            assert torch.equal(ops.multihead_spmm(rowptr, col, weight, x), out), mode
+        monkeypatch.delenv("PYG_MULTIHEAD_AGG_TENSOR_CORES")
+        assert_close(ops.multihead_spmm(rowptr, col, weight, x), ref, dtype, "default")
+
+
+@pytest.mark.parametrize("index_dtype", INDICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_tensor_core_forward_non_finite(dtype, index_dtype, monkeypatch):
+    """An inf or NaN gathered for one row must not reach the rows that share
+    its 16-entry chunks (a zero weight times inf is NaN in an mma): with
+    sources holding inf, -inf and NaN, the tensor-core forward gives NaN and
+    inf exactly where the float64 reference does (the tile is recomputed
+    one entry at a time), and matches it elsewhere, long rows included."""
+    monkeypatch.setenv("PYG_MULTIHEAD_AGG_TENSOR_CORES", "1")
+    gen = torch.Generator().manual_seed(17)
+    for _, (rowptr, col, num_src) in tile_graphs(gen):
+        weight, x, _ = make_values(rowptr, col, num_src, 4, 32, dtype, gen)
+        x[num_src - 1, 1, 5] = float("inf")  # rarely gathered (skewed sources)
+        x[num_src - 2, 0, :] = float("-inf")
+        x[num_src - 3, 3, 31] = float("nan")
+        rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
+        ref = reference_spmm(rowptr, col, weight, x)
+        poison((rowptr.numel() - 1, 4, 32), dtype, "cuda")
+        out = ops.multihead_spmm(rowptr, col, weight, x).double().cpu()
+        bad = ~torch.isfinite(ref)
+        assert 0 < int(bad.any(-1).any(-1).sum()) < rowptr.numel() - 1
+        assert torch.equal(torch.isnan(out), torch.isnan(ref))
+        assert torch.equal(out[torch.isinf(ref)], ref[torch.isinf(ref)])
+        good = torch.isfinite(ref).all(-1).all(-1)  # rows without a non-finite value
+        assert_close(out[good].to(dtype), ref[good], dtype, f"finite rows, {index_dtype}")
+
+
+@pytest.mark.parametrize("index_dtype", INDICES)
+def test_tensor_core_forward_malformed_and_unaligned(index_dtype, monkeypatch):
+    """The tensor-core forward on malformed graphs (out-of-range sources,
+    decreasing, negative, overflowing and overlapping pointers) neither faults
+    nor hangs (scripts/sanitize.sh runs it under memcheck); on weights and x
+    that are not aligned for it, it steps aside for the register kernels and
+    the result is right."""
+    monkeypatch.setenv("PYG_MULTIHEAD_AGG_TENSOR_CORES", "1")
+    gen = torch.Generator().manual_seed(23)
+    num_dst, num_src, num_edges = 43, 30, 600
+    for rowptr, col in malformed_graphs(num_dst, num_src, num_edges, gen):
+        rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
+        for heads, channels in TC_HEADS:
+            weight, x, _ = make_values(rowptr, col, num_src, heads, channels, torch.bfloat16, gen)
+            ops.multihead_spmm(rowptr, col, weight, x)
+    torch.cuda.synchronize()
+    rowptr, col = power_law_graph(100, 80, gen, hub_degree=500)
+    weight, x, _ = make_values(rowptr, col, 80, 4, 32, torch.bfloat16, gen)
+    rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
+    ref = reference_spmm(rowptr, col, weight, x)
+    for w_off, x_off in ((1, 0), (0, 1), (0, 0)):
+        w_flat = torch.empty(weight.numel() + w_off, dtype=weight.dtype, device="cuda")
+        x_flat = torch.empty(x.numel() + x_off, dtype=x.dtype, device="cuda")
+        w = w_flat[w_off:].view(weight.shape).copy_(weight)
+        xx = x_flat[x_off:].view(x.shape).copy_(x)
+        poison((100, 4, 32), torch.bfloat16, "cuda")
+        assert_close(ops.multihead_spmm(rowptr, col, w, xx), ref, torch.bfloat16,
+                     f"weight offset {w_off}, x offset {x_off}")
+
+
 @pytest.mark.parametrize("name,value,expected", [
     ("PYG_MULTIHEAD_AGG_DOT_STEP", "2", "4 or 8"),
     ("PYG_MULTIHEAD_AGG_DOT_STEP", "16", "4 or 8"),
@@ -359,6 +456,8 @@ def test_sorted_fetch_same_results(heads, channels, dtype, index_dtype, monkeypa
     ("PYG_MULTIHEAD_AGG_SPLIT_ROWS", "-1", "0 or 1"),
     ("PYG_MULTIHEAD_AGG_SORT_FETCH", "2", "0 or 1"),
     ("PYG_MULTIHEAD_AGG_SORT_FETCH", "on", "0 or 1"),
+    ("PYG_MULTIHEAD_AGG_TENSOR_CORES", "2", "0 or 1"),
+    ("PYG_MULTIHEAD_AGG_TENSOR_CORES", "auto", "0 or 1"),
 ])
 def test_tuning_flags_are_checked(name, value, expected, monkeypatch):
     """A bad value of a tuning variable raises, naming it and what it must be,
@@ -369,7 +468,7 @@ def test_tuning_flags_are_checked(name, value, expected, monkeypatch):
     weight, x, grad_out = make_values(rowptr, col, 20, 4, 32, torch.bfloat16, gen)
     rowptr, col = rowptr.cuda(), col.cuda()
     with pytest.raises(RuntimeError, match=f"{name} must be {expected}, got '{value}'"):
-        if name == "PYG_MULTIHEAD_AGG_SPLIT_ROWS":
+        if name in ("PYG_MULTIHEAD_AGG_SPLIT_ROWS", "PYG_MULTIHEAD_AGG_TENSOR_CORES"):
             ops.multihead_spmm(rowptr, col, weight, x)
         else:
             ops.multihead_sddmm(rowptr, col, grad_out, x)

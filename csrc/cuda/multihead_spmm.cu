@@ -51,6 +51,7 @@
 #include "../checks.h"
 #include "common.cuh"
 #include "dispatch.cuh"
+#include "tensor_core_gather.cuh"
 
 namespace pyg_multihead_agg {
 namespace {
@@ -679,6 +680,48 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 // Host side
 // ---------------------------------------------------------------------------
 
+// The forward of 2-byte types on the tensor cores (tensor_core_gather.cuh)
+// when it applies: no weight permutation (the forward, not grad_x), H * D =
+// 128 with H = 2, 4 or 8, 16-byte aligned x and out, aligned weight rows, and
+// a kernel built for sm_80 or newer. PYG_MULTIHEAD_AGG_TENSOR_CORES=1 takes
+// it whenever it applies, 0 never; unset, it is taken where the register
+// kernel would run a row per group of lanes (rows too short to split over a
+// warp, p.split false). Returns whether it launched.
+template <typename scalar_t, typename index_t>
+bool try_launch_tc_gather(const GatherParams<scalar_t, index_t>& p, const WorkList& wl) {
+  if constexpr (sizeof(scalar_t) != 2) {
+    return false;
+  } else {
+    const int64_t mode = env_int("PYG_MULTIHEAD_AGG_TENSOR_CORES", -1, {0, 1});
+    if (mode == 0 || (mode == -1 && p.split)) return false;
+    if (p.wperm != nullptr || p.HD != 128 || (p.H != 2 && p.H != 4 && p.H != 8)) return false;
+    if (!is_aligned(p.x, 16) || !is_aligned(p.out, 16) || !is_aligned(p.weight, 2 * p.H))
+      return false;
+    const TcGatherParams<scalar_t, index_t> t{p.ptr,      p.idx,      p.weight,   p.x,
+                                             p.out,      p.num_rows, p.num_src,  p.num_edges};
+    auto launch = [&](auto kernel) {
+      if (!tc_kernel_built(kernel)) return false;
+      int per_sm = 0;
+      C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
+      const int64_t tiles = (p.num_rows + 7) / 8, warps = kThreads / 32;
+      const int64_t blocks = std::max<int64_t>(
+          1, std::min<int64_t>(static_cast<int64_t>(std::max(per_sm, 1)) * num_sms(),
+                               (tiles + warps - 1) / warps));
+      kernel<<<static_cast<int>(blocks), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(t, wl);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      return true;
+    };
+    switch (p.H) {
+      case 2:
+        return launch(tc_gather_kernel<scalar_t, index_t, 2>);
+      case 4:
+        return launch(tc_gather_kernel<scalar_t, index_t, 4>);
+      default:
+        return launch(tc_gather_kernel<scalar_t, index_t, 8>);
+    }
+  }
+}
+
 template <typename scalar_t, typename index_t>
 void launch_gather(GatherParams<scalar_t, index_t> p, const at::TensorOptions& options) {
   constexpr int kVec = vec_width<scalar_t>();
@@ -700,6 +743,7 @@ void launch_gather(GatherParams<scalar_t, index_t> p, const at::TensorOptions& o
     p.split = c.G < 32 && split == 1;
   at::Tensor storage;
   const WorkList wl = make_work_list(p.ptr, p.num_rows, p.num_edges, storage, options);
+  if (try_launch_tc_gather(p, wl)) return;
   auto stream = c10::cuda::getCurrentCUDAStream();
   auto launch = [&](auto kernel) {
     kernel<<<persistent_grid(kernel, p.num_rows, p.split ? 32 : p.G), kThreads, 0, stream>>>(
