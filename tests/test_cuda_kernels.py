@@ -369,22 +369,27 @@ def tile_graphs(gen):
 @pytest.mark.parametrize("heads,channels", TC_HEADS)
 def test_tensor_core_forward(heads, channels, dtype, monkeypatch):
     """The spmm forward of 2-byte types on the tensor cores
-    (PYG_MULTIHEAD_AGG_TENSOR_CORES=1; tensor_core_gather.cuh) and on the
-    register kernels (0) match the float64 reference, int32 and int64, with
-    a poisoned output (every row written, long and empty ones included), and
-    each is bitwise reproducible. Unset, the variable picks one of the two."""
+    (PYG_MULTIHEAD_AGG_TENSOR_CORES=1; tensor_core_gather.cuh), in both its
+    kernels (PYG_MULTIHEAD_AGG_TC_STAGED=1: rows staged in shared memory, 0:
+    in registers), and on the register kernels (TENSOR_CORES=0) match the
+    float64 reference, int32 and int64, with a poisoned output (every row
+    written, long and empty ones included), and each is bitwise
+    reproducible. Unset, the variables pick one of them."""
     gen = torch.Generator().manual_seed(heads * 13 + channels)
     for index_dtype, (rowptr, col, num_src) in tile_graphs(gen):
         weight, x, _ = make_values(rowptr, col, num_src, heads, channels, dtype, gen)
         rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
         ref = reference_spmm(rowptr, col, weight, x)
-        for mode in ("1", "0"):
+        for mode, staged in (("1", "1"), ("1", "0"), ("0", "1")):
             monkeypatch.setenv("PYG_MULTIHEAD_AGG_TENSOR_CORES", mode)
+            monkeypatch.setenv("PYG_MULTIHEAD_AGG_TC_STAGED", staged)
             poison((rowptr.numel() - 1, heads, channels), dtype, "cuda")
             out = ops.multihead_spmm(rowptr, col, weight, x)
-            assert_close(out, ref, dtype, f"tensor cores {mode}, {index_dtype}")
-            assert torch.equal(ops.multihead_spmm(rowptr, col, weight, x), out), mode
+            what = f"tensor cores {mode}, staged {staged}, {index_dtype}"
+            assert_close(out, ref, dtype, what)
+            assert torch.equal(ops.multihead_spmm(rowptr, col, weight, x), out), what
         monkeypatch.delenv("PYG_MULTIHEAD_AGG_TENSOR_CORES")
+        monkeypatch.delenv("PYG_MULTIHEAD_AGG_TC_STAGED")
         assert_close(ops.multihead_spmm(rowptr, col, weight, x), ref, dtype, "default")
 
 
@@ -395,10 +400,12 @@ def test_tensor_core_forward_non_finite(dtype, index_dtype, monkeypatch):
     its 16-entry chunks (a zero weight times inf is NaN in an mma): with
     sources holding inf, -inf and NaN, the tensor-core forward gives NaN and
     inf exactly where the float64 reference does (the tile is recomputed
-    one entry at a time), and matches it elsewhere, long rows included."""
+    one entry at a time), and matches it elsewhere, long rows included; the
+    staged kernel on one graph, the register one on the other."""
     monkeypatch.setenv("PYG_MULTIHEAD_AGG_TENSOR_CORES", "1")
     gen = torch.Generator().manual_seed(17)
-    for _, (rowptr, col, num_src) in tile_graphs(gen):
+    for (_, (rowptr, col, num_src)), staged in zip(tile_graphs(gen), ("1", "0"), strict=True):
+        monkeypatch.setenv("PYG_MULTIHEAD_AGG_TC_STAGED", staged)
         weight, x, _ = make_values(rowptr, col, num_src, 4, 32, dtype, gen)
         x[num_src - 1, 1, 5] = float("inf")  # rarely gathered (skewed sources)
         x[num_src - 2, 0, :] = float("-inf")
@@ -429,7 +436,9 @@ def test_tensor_core_forward_malformed_and_unaligned(index_dtype, monkeypatch):
         rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
         for heads, channels in TC_HEADS:
             weight, x, _ = make_values(rowptr, col, num_src, heads, channels, torch.bfloat16, gen)
-            ops.multihead_spmm(rowptr, col, weight, x)
+            for staged in ("1", "0"):
+                monkeypatch.setenv("PYG_MULTIHEAD_AGG_TC_STAGED", staged)
+                ops.multihead_spmm(rowptr, col, weight, x)
     torch.cuda.synchronize()
     rowptr, col = power_law_graph(100, 80, gen, hub_degree=500)
     weight, x, _ = make_values(rowptr, col, 80, 4, 32, torch.bfloat16, gen)
@@ -458,6 +467,7 @@ def test_tensor_core_forward_malformed_and_unaligned(index_dtype, monkeypatch):
     ("PYG_MULTIHEAD_AGG_SORT_FETCH", "on", "0 or 1"),
     ("PYG_MULTIHEAD_AGG_TENSOR_CORES", "2", "0 or 1"),
     ("PYG_MULTIHEAD_AGG_TENSOR_CORES", "auto", "0 or 1"),
+    ("PYG_MULTIHEAD_AGG_TC_STAGED", "2", "0 or 1"),
 ])
 def test_tuning_flags_are_checked(name, value, expected, monkeypatch):
     """A bad value of a tuning variable raises, naming it and what it must be,
@@ -468,7 +478,8 @@ def test_tuning_flags_are_checked(name, value, expected, monkeypatch):
     weight, x, grad_out = make_values(rowptr, col, 20, 4, 32, torch.bfloat16, gen)
     rowptr, col = rowptr.cuda(), col.cuda()
     with pytest.raises(RuntimeError, match=f"{name} must be {expected}, got '{value}'"):
-        if name in ("PYG_MULTIHEAD_AGG_SPLIT_ROWS", "PYG_MULTIHEAD_AGG_TENSOR_CORES"):
+        if name in ("PYG_MULTIHEAD_AGG_SPLIT_ROWS", "PYG_MULTIHEAD_AGG_TENSOR_CORES",
+                    "PYG_MULTIHEAD_AGG_TC_STAGED"):
             ops.multihead_spmm(rowptr, col, weight, x)
         else:
             ops.multihead_sddmm(rowptr, col, grad_out, x)

@@ -684,40 +684,56 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 // when it applies: no weight permutation (the forward, not grad_x), H * D =
 // 128 with H = 2, 4 or 8, 16-byte aligned x and out, aligned weight rows, and
 // a kernel built for sm_80 or newer. PYG_MULTIHEAD_AGG_TENSOR_CORES=1 takes
-// it whenever it applies, 0 never; unset, it is taken where the register
-// kernel would run a row per group of lanes (rows too short to split over a
-// warp, p.split false). Returns whether it launched.
+// it whenever it applies, 0 never; unset, it is taken for rows of at most
+// kTcMaxAvgDegree entries on average. Of its two kernels, the staged one
+// (rows copied into shared memory) runs heads of 32 and 64 features and the
+// register one heads of 16, where the staged kernel's 16-byte weight rows
+// spill (PYG_MULTIHEAD_AGG_TC_STAGED=0 / 1 forces one). Session 16, H200,
+// bf16, 4 x 32, against the register kernels: arxiv-like (14 entries a row)
+// -14%, products-like (25) -6%, reddit-like (200) +14%. Returns whether it
+// launched.
+constexpr int64_t kTcMaxAvgDegree = 64;
+
 template <typename scalar_t, typename index_t>
 bool try_launch_tc_gather(const GatherParams<scalar_t, index_t>& p, const WorkList& wl) {
   if constexpr (sizeof(scalar_t) != 2) {
     return false;
   } else {
     const int64_t mode = env_int("PYG_MULTIHEAD_AGG_TENSOR_CORES", -1, {0, 1});
-    if (mode == 0 || (mode == -1 && p.split)) return false;
+    const int64_t staged_mode = env_int("PYG_MULTIHEAD_AGG_TC_STAGED", -1, {0, 1});
+    if (mode == 0 || (mode == -1 && p.num_edges > kTcMaxAvgDegree * p.num_rows)) return false;
     if (p.wperm != nullptr || p.HD != 128 || (p.H != 2 && p.H != 4 && p.H != 8)) return false;
     if (!is_aligned(p.x, 16) || !is_aligned(p.out, 16) || !is_aligned(p.weight, 2 * p.H))
       return false;
     const TcGatherParams<scalar_t, index_t> t{p.ptr,      p.idx,      p.weight,   p.x,
                                              p.out,      p.num_rows, p.num_src,  p.num_edges};
+    const bool staged = staged_mode == -1 ? p.H <= 4 : staged_mode == 1;
+    const size_t smem = staged ? static_cast<size_t>(kThreads / 32) * kTcStages * kTcStageBytes : 0;
     auto launch = [&](auto kernel) {
       if (!tc_kernel_built(kernel)) return false;
+      if (smem > 0)
+        C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(smem)));
       int per_sm = 0;
-      C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
+      C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
       const int64_t tiles = (p.num_rows + 7) / 8, warps = kThreads / 32;
       const int64_t blocks = std::max<int64_t>(
           1, std::min<int64_t>(static_cast<int64_t>(std::max(per_sm, 1)) * num_sms(),
                                (tiles + warps - 1) / warps));
-      kernel<<<static_cast<int>(blocks), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(t, wl);
+      kernel<<<static_cast<int>(blocks), kThreads, smem, c10::cuda::getCurrentCUDAStream()>>>(t, wl);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       return true;
     };
     switch (p.H) {
       case 2:
-        return launch(tc_gather_kernel<scalar_t, index_t, 2>);
+        return staged ? launch(tc_gather_staged_kernel<scalar_t, index_t, 2>)
+                      : launch(tc_gather_kernel<scalar_t, index_t, 2>);
       case 4:
-        return launch(tc_gather_kernel<scalar_t, index_t, 4>);
+        return staged ? launch(tc_gather_staged_kernel<scalar_t, index_t, 4>)
+                      : launch(tc_gather_kernel<scalar_t, index_t, 4>);
       default:
-        return launch(tc_gather_kernel<scalar_t, index_t, 8>);
+        return staged ? launch(tc_gather_staged_kernel<scalar_t, index_t, 8>)
+                      : launch(tc_gather_kernel<scalar_t, index_t, 8>);
     }
   }
 }

@@ -13,20 +13,30 @@
 //     A[f, k] = x[col[k], h, f]            (16 features x 16 entries)
 //     B[k, n] = weight[k, h] if entry k belongs to tile row n, else 0
 // so C[:, n] is row n's sum for those features. Lane (g, c) = (lane / 4,
-// lane % 4) of the warp:
-// - loads entries k = 2c, 2c+1, 2c+8, 2c+9 of the chunk: for each head, the
-//   D / 8 features h * D + g * D / 8 + [0, D / 8) (one 4-, 8- or 16-byte
-//   load), and the weight row of an entry when the entry belongs to tile row
-//   g (else nothing: a zero, so B needs no select);
-// - builds its A fragments from those words with byte permutes: fragment
-//   row g of the head's j-th 16-feature tile is feature h * D + g * D / 8 +
-//   2j, row g + 8 the next one, so every tile stays inside one head and each
-//   32-bit word pairs two entries of one feature (the mma's K pairs);
-// - holds C[f, n] for tile rows n = 2c, 2c+1, and stores each row's D / 8
-//   features of a head with one store.
-// Per chunk and lane (H = 4): 4 index loads, 16 8-byte gathers, 4 weight
-// loads, 40 byte permutes and 8 mma, against the bf16 register kernel's
-// 275-instruction step for 16 entry slots (about 13 of them filled).
+// lane % 4) of the warp loads the weight rows of entries k = 2c, 2c+1,
+// 2c+8, 2c+9 of the chunk when they belong to tile row g (else nothing: a
+// zero, so B needs no select), and B's words are byte permutes of them.
+//
+// Two kernels build A differently:
+// - tc_gather_kernel (registers; taken for heads of 16 features): the lane
+//   gathers, for those four entries and each head, the D / 8 features
+//   h * D + g * D / 8 + [0, D / 8) (one 4-, 8- or 16-byte load) and builds
+//   its fragments with byte permutes; fragment row g of the head's j-th
+//   16-feature tile is feature h * D + g * D / 8 + 2j, row g + 8 the next
+//   one. 117 registers (16 warps per SM); the warp waits for each chunk's
+//   4 KB of gathers before its multiplies.
+// - tc_gather_staged_kernel (taken for heads of 32 and 64 features): the
+//   chunk's 16 rows are copied into a per-warp ring of two 4-KB stages in
+//   shared memory (cp.async, 16 bytes a lane, one chunk ahead, no register
+//   held in flight), and each 16-feature tile's fragments come from there
+//   with one ldmatrix.x4.trans; fragment row g is feature 16t + g, row g + 8
+//   feature 16t + 8 + g. 80 registers (24 warps per SM).
+// Session 16 on the H200 (bf16, 4 x 32, against the register kernels):
+// arxiv-like 0.138 -> 0.129 ms (registers) -> 0.118 ms (staged). The register
+// version moved half the instructions (36.6M against 79.7M) but was bound by
+// the bytes in flight: 8-, 16- and 4-byte gathers (D = 32, 64, 16) ran alike.
+// At D = 16 the staged kernel's 16-byte weight rows spill (0.171 against
+// 0.128 ms on arxiv-like), hence the split by head width.
 //
 // Rows longer than the work list's threshold are skipped by their tile and
 // summed first, block-wide: each warp takes a contiguous slice of the row
@@ -42,8 +52,9 @@
 // time, so a row's output is non-finite exactly when its own sum is.
 //
 // Malformed graphs never fault: row ranges are clamped (row_range), entries
-// outside [0, E) or with a source out of range load nothing, and a tile
-// scans only the span of its own short rows.
+// outside [0, E) or with a source out of range load nothing (zero-filled
+// copies in the staged kernel), and a tile scans only the span of its own
+// short rows.
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -369,6 +380,286 @@ __global__ void __launch_bounds__(kThreads, PMA_TC_MIN_BLOCKS)
   }
 #else
   __trap();  // launched only when built for sm_80 or newer (tc_gather_available)
+#endif
+}
+
+// ---------------------------------------------------------------------------
+// The staged variant: a chunk's 16 gathered rows are copied into a per-warp
+// ring of shared memory (cp.async, 16 bytes a lane, no register held while
+// in flight) one chunk ahead, and the A fragments come from there with
+// ldmatrix.trans (one x4 load per 16 features). Rows are stored at 256 bytes
+// a row with their 16-byte pieces swizzled (piece ^ (entry & 7)), so that the
+// 8 rows of an 8x8 matrix sit in distinct banks.
+// ---------------------------------------------------------------------------
+
+#ifndef PMA_TC_STAGES
+#define PMA_TC_STAGES 2
+#endif
+#ifndef PMA_TC_STAGED_MIN_BLOCKS
+#define PMA_TC_STAGED_MIN_BLOCKS 3
+#endif
+constexpr int kTcStages = PMA_TC_STAGES;
+static_assert(kTcStages == 2, "the staged scan alternates two stages");
+constexpr int kTcStageBytes = 16 * 256;  // 16 rows of 128 2-byte features
+
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool pred) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(pred ? 16 : 0)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& a0, uint32_t& a1,
+                                                  uint32_t& a2, uint32_t& a3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
+               : "r"(addr)
+               : "memory");
+#endif
+}
+
+template <typename scalar_t, typename index_t, int kH>
+struct TcStaged {
+  using Base = TcGather<scalar_t, index_t, kH>;
+  using off_t = typename Base::off_t;
+  using WRaw = typename Base::WRaw;
+  static constexpr int kHD = 128, kD = Base::kD, kChunk = 16;
+  using Acc = float[8][4];  // 16-feature tile t: features 16t + g (c0, c1), 16t + 8 + g (c2, c3)
+
+  static __device__ __forceinline__ void zero(Acc& acc) {
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) acc[t][v] = 0.f;
+  }
+
+  // The chunk's weights of the lane's entries that belong to tile row g.
+  static __device__ __forceinline__ void load_weights(WRaw (&wr)[4], const scalar_t* weight,
+                                                      off_t e, off_t rlo, off_t rhi, int c) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const off_t k = e + Base::kpos(i, c);
+      wr[i] = RawLoad<Base::kWBytes>::load(k >= rlo && k < rhi, row_at(weight, k, kH));
+    }
+  }
+
+  // The copies of the chunk at e (its indices: lane l holds entry e + (l & 15)'s).
+  static __device__ __forceinline__ void issue(uint32_t stage, index_t sl, off_t e, off_t n,
+                                               const scalar_t* x,
+                                               const IndexBound<index_t>& src_ok, int lane) {
+    const int piece = lane & 15;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int k = 2 * i + (lane >> 4);
+      const index_t s = __shfl_sync(0xffffffffu, sl, k);
+      const bool ok = e + k < n && src_ok(s);
+      const scalar_t* src = ok ? row_at(x, s, kHD) + piece * 8 : x;
+      cp_async_16(stage + k * 256 + ((piece ^ (k & 7)) << 4), src, ok);
+    }
+    cp_async_commit();
+  }
+
+  template <typename Skip>
+  static __device__ __forceinline__ void scan(Acc& acc, const TcGatherParams<scalar_t, index_t>& p,
+                                              int64_t first, off_t n, off_t rlo, off_t rhi,
+                                              uint32_t ring, int lane, Skip&& skip) {
+    const int c = lane & 3;
+    const IndexBound<index_t> src_ok(p.num_src);
+    const index_t* idx = p.idx + first;
+    const scalar_t* weight = p.weight + first * kH;
+    // ldmatrix: lane l gives row l & 7 of matrix l >> 3, i.e. entry
+    // (l >> 4) * 8 + (l & 7) and piece 2t + ((l >> 3) & 1) of tile t.
+    const int r = lane & 7, q1 = (lane >> 3) & 1;
+    const uint32_t lm_off = static_cast<uint32_t>((((lane >> 4) * 8 + r) * 256) + ((q1 ^ r) << 4));
+    auto idx_of = [&](off_t e) {
+      return load_index_if(e + (lane & 15) < n, idx + e + (lane & 15));
+    };
+    off_t e = skip(off_t{0});
+    if (e >= n) return;
+    uint32_t stage = ring;
+    issue(stage, idx_of(e), e, n, p.x, src_ok, lane);
+    off_t en = skip(n - e > kChunk ? e + kChunk : n);
+    index_t sl_next = idx_of(en);
+    WRaw wr[4];
+    load_weights(wr, weight, e, rlo, rhi, c);
+    for (;;) {
+      const uint32_t other = stage == ring ? ring + kTcStageBytes : ring;
+      if (en < n) {
+        issue(other, sl_next, en, n, p.x, src_ok, lane);
+      } else {
+        cp_async_commit();
+      }
+      const off_t enn = en < n ? skip(n - en > kChunk ? en + kChunk : n) : n;
+      sl_next = idx_of(enn);
+      WRaw wn[4];
+      load_weights(wn, weight, en, rlo, rhi, c);
+      cp_async_wait<1>();
+      __syncwarp();
+#pragma unroll
+      for (int h = 0; h < kH; ++h) {
+        const uint32_t sel = (h & 1) ? kHighHalves : kLowHalves;
+        const uint32_t b0 = __byte_perm(raw_word(wr[0], h >> 1), raw_word(wr[1], h >> 1), sel);
+        const uint32_t b1 = __byte_perm(raw_word(wr[2], h >> 1), raw_word(wr[3], h >> 1), sel);
+#pragma unroll
+        for (int tt = 0; tt < kD / 16; ++tt) {
+          const int t = h * (kD / 16) + tt;
+          uint32_t a0, a1, a2, a3;
+          ldmatrix_x4_trans(stage + (lm_off ^ (32u * t)), a0, a1, a2, a3);
+          Mma16816<scalar_t>::run(acc[t], a0, a1, a2, a3, b0, b1);
+        }
+      }
+      __syncwarp();  // this stage is read before the next iteration refills it
+#pragma unroll
+      for (int i = 0; i < 4; ++i) wr[i] = wn[i];
+      if (en >= n) break;
+      stage = other;
+      e = en;
+      en = enn;
+    }
+    cp_async_wait<0>();
+  }
+
+  // Tile rows 2c and 2c + 1 (features 16t + g and 16t + 8 + g of each tile t).
+  static __device__ __forceinline__ void store_rows(const Acc& acc, scalar_t* out, int64_t r0,
+                                                    int64_t num_rows, unsigned long_bits, int g,
+                                                    int c) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int n_row = 2 * c + rr;
+      const int64_t r = r0 + n_row;
+      if (r >= num_rows || ((long_bits >> (4 * n_row)) & 1u)) continue;
+      scalar_t* o = out + r * kHD + g;
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        o[16 * t] = static_cast<scalar_t>(acc[t][rr]);
+        o[16 * t + 8] = static_cast<scalar_t>(acc[t][2 + rr]);
+      }
+    }
+  }
+};
+
+template <typename scalar_t, typename index_t, int kH>
+__global__ void __launch_bounds__(kThreads, PMA_TC_STAGED_MIN_BLOCKS)
+    tc_gather_staged_kernel(const TcGatherParams<scalar_t, index_t> p, const WorkList wl) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  using T = TcStaged<scalar_t, index_t, kH>;
+  using off_t = typename T::off_t;
+  constexpr int kWarps = kThreads / 32, kHD = T::kHD;
+  constexpr unsigned kFull = 0xffffffffu;
+  extern __shared__ __align__(128) unsigned char tc_ring[];
+  __shared__ float red[kWarps][kHD];
+  __shared__ unsigned long long s_item;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+  const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(tc_ring)) +
+                        warp * kTcStages * kTcStageBytes;
+  auto no_skip = [](off_t e) { return e; };
+
+  const int64_t num_long = static_cast<int64_t>(wl.counters[0]);
+  for (;;) {
+    if (threadIdx.x == 0) s_item = atomicAdd(&wl.counters[1], 1ull);
+    __syncthreads();
+    const int64_t item = static_cast<int64_t>(s_item);
+    __syncthreads();
+    if (item >= num_long) break;
+    const int64_t r = wl.long_rows[item];
+    int64_t lo, hi, slo, shi;
+    row_range(p.ptr, r, p.num_edges, lo, hi);
+    group_slice(lo, hi, warp, kWarps, slo, shi);
+    typename T::Acc acc;
+    T::zero(acc);
+    const off_t n = static_cast<off_t>(shi - slo);
+    T::scan(acc, p, slo, n, off_t{0}, g == 0 ? n : off_t{0}, ring, lane, no_skip);
+    if (c == 0) {
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        red[warp][16 * t + g] = acc[t][0];
+        red[warp][16 * t + 8 + g] = acc[t][2];
+      }
+    }
+    __syncthreads();
+    for (int q = threadIdx.x; q < kHD; q += kThreads) {
+      float s = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) s += red[w][q];
+      p.out[r * kHD + q] = static_cast<scalar_t>(s);
+    }
+    __syncthreads();
+  }
+
+  const int64_t num_tiles = (p.num_rows + 7) / 8;
+  for (;;) {
+    unsigned long long base = 0;
+    if (lane == 0) base = atomicAdd(&wl.counters[2], 1ull);
+    base = __shfl_sync(kFull, base, 0);
+    if (base >= static_cast<unsigned long long>(num_tiles)) break;  // warp-uniform
+    const int64_t r0 = static_cast<int64_t>(base) * 8, rg = r0 + g;
+    int64_t lo = 0, hi = 0;
+    bool is_long = false;
+    if (rg < p.num_rows) {
+      row_range(p.ptr, rg, p.num_edges, lo, hi);
+      is_long = hi - lo > wl.long_threshold;
+    }
+    const bool scanned = !is_long && hi > lo;
+    int64_t span_lo = scanned ? lo : INT64_MAX, span_hi = scanned ? hi : 0;
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) {
+      span_lo = min(span_lo, __shfl_xor_sync(kFull, span_lo, off));
+      span_hi = max(span_hi, __shfl_xor_sync(kFull, span_hi, off));
+    }
+    const unsigned long_bits = __ballot_sync(kFull, is_long);
+    typename T::Acc acc;
+    T::zero(acc);
+    if (span_lo < span_hi) {  // warp-uniform
+      const off_t n = static_cast<off_t>(span_hi - span_lo);
+      const off_t rlo = scanned ? static_cast<off_t>(lo - span_lo) : off_t{0};
+      const off_t rhi = scanned ? static_cast<off_t>(hi - span_lo) : off_t{0};
+      if (long_bits == 0) {
+        T::scan(acc, p, span_lo, n, rlo, rhi, ring, lane, no_skip);
+      } else {
+        const int64_t llo = max(lo, span_lo), lhi = min(hi, span_hi);
+        const off_t long_lo = is_long && llo < lhi ? static_cast<off_t>(llo - span_lo) : off_t{0};
+        const off_t long_hi = is_long && llo < lhi ? static_cast<off_t>(lhi - span_lo) : off_t{0};
+        auto skip = [&](off_t e) {
+          for (;;) {
+            const unsigned b = __ballot_sync(kFull, long_lo <= e && e < long_hi);
+            if (b == 0) return e;
+            e = __shfl_sync(kFull, long_hi, __ffs(b) - 1);
+          }
+        };
+        T::scan(acc, p, span_lo, n, rlo, rhi, ring, lane, skip);
+      }
+    }
+    float z = 0.f;
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) z = fmaf(acc[t][v], 0.f, z);
+    if (!__any_sync(kFull, z != 0.f)) {
+      T::store_rows(acc, p.out, r0, p.num_rows, long_bits, g, c);
+    } else {
+      for (int n_row = 0; n_row < 8; ++n_row) {
+        const int64_t r = r0 + n_row;
+        const int64_t rlo_n = __shfl_sync(kFull, lo, 4 * n_row);
+        const int64_t rhi_n = __shfl_sync(kFull, hi, 4 * n_row);
+        if (r >= p.num_rows || ((long_bits >> (4 * n_row)) & 1u)) continue;
+        T::Base::exact_row(p, r, rlo_n, rhi_n, lane);
+      }
+    }
+  }
+#else
+  __trap();
 #endif
 }
 
