@@ -220,6 +220,54 @@ struct TcGather {
         for (int v = 0; v < 4; ++v) acc[h][j][v] = 0.f;
   }
 
+  // B's column 0 (held by the lanes of c = 0) into a row of features.
+  static __device__ __forceinline__ void column0(const Acc& acc, float* row, int g) {
+#pragma unroll
+    for (int h = 0; h < kH; ++h)
+#pragma unroll
+      for (int j = 0; j < kWords; ++j) {
+        row[h * kD + g * kF + 2 * j] = acc[h][j][0];
+        row[h * kD + g * kF + 2 * j + 1] = acc[h][j][2];
+      }
+  }
+
+  // Whether every accumulator is finite (0 * acc is NaN exactly for an
+  // infinite or NaN one).
+  static __device__ __forceinline__ bool finite(const Acc& acc) {
+    float z = 0.f;
+#pragma unroll
+    for (int h = 0; h < kH; ++h)
+#pragma unroll
+      for (int j = 0; j < kWords; ++j)
+#pragma unroll
+        for (int v = 0; v < 4; ++v) z = fmaf(acc[h][j][v], 0.f, z);
+    return z == 0.f;
+  }
+
+  // Tile rows 2c and 2c + 1 (those below num_rows and not long), each
+  // head's D / 8 features with one store.
+  static __device__ __forceinline__ void store_rows(const Acc& acc, scalar_t* out, int64_t r0,
+                                                    int64_t num_rows, unsigned long_bits, int g,
+                                                    int c) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int n_row = 2 * c + rr;
+      const int64_t r = r0 + n_row;
+      if (r >= num_rows || ((long_bits >> (4 * n_row)) & 1u)) continue;
+      scalar_t* o = out + r * kHD + g * kF;
+#pragma unroll
+      for (int h = 0; h < kH; ++h) {
+        float v[kF];
+#pragma unroll
+        for (int j = 0; j < kWords; ++j) {
+          v[2 * j] = acc[h][j][rr];
+          v[2 * j + 1] = acc[h][j][2 + rr];
+        }
+        store_vec<scalar_t, kF>(o + h * kD, v);
+      }
+    }
+  }
+
   // Row r one entry at a time (the tile's fallback for non-finite values):
   // lane l sums features 4l .. 4l + 3 in entry order.
   static __device__ void exact_row(const TcGatherParams<scalar_t, index_t>& p, int64_t r,
@@ -239,25 +287,23 @@ struct TcGather {
   }
 };
 
-// Tiles of 8 rows a warp takes per atomic.
-constexpr int kTcFetch = 1;
-
-template <typename scalar_t, typename index_t, int kH>
-__global__ void __launch_bounds__(kThreads, PMA_TC_MIN_BLOCKS)
-    tc_gather_kernel(const TcGatherParams<scalar_t, index_t> p, const WorkList wl) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  using T = TcGather<scalar_t, index_t, kH>;
+// The persistent loop of both tensor-core kernels (T = TcGather or
+// TcStaged), with scan(acc, first, n, rlo, rhi, skip) the kernel's walk over
+// the entries [first, first + n) (see TcGather::scan).
+// Phase 1: the long rows, one at a time per block; warp w sums slice w in
+// B's column 0 (tile row 0: the lanes of g = 0 load the weights), which the
+// lanes of c = 0 hold, and the slices are added in warp order through `red`.
+// Phase 2: tiles of 8 rows, one a warp, from an atomic counter.
+template <typename T, typename scalar_t, typename index_t, typename Scan>
+__device__ __forceinline__ void tc_run(const TcGatherParams<scalar_t, index_t>& p,
+                                       const WorkList& wl, float (*red)[128], Scan&& scan) {
   using off_t = typename T::off_t;
-  constexpr int kWarps = kThreads / 32, kD = T::kD, kF = T::kF, kHD = T::kHD;
+  constexpr int kWarps = kThreads / 32, kHD = 128;
   constexpr unsigned kFull = 0xffffffffu;
-  __shared__ float red[kWarps][kHD];
   __shared__ unsigned long long s_item;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
   auto no_skip = [](off_t e) { return e; };
 
-  // Phase 1: the long rows, one at a time per block; warp w sums slice w in
-  // B's column 0 (tile row 0: the lanes of g = 0 load the weights), which
-  // the lanes of c = 0 hold.
   const int64_t num_long = static_cast<int64_t>(wl.counters[0]);
   for (;;) {
     if (threadIdx.x == 0) s_item = atomicAdd(&wl.counters[1], 1ull);
@@ -272,114 +318,91 @@ __global__ void __launch_bounds__(kThreads, PMA_TC_MIN_BLOCKS)
     typename T::Acc acc;
     T::zero(acc);
     const off_t n = static_cast<off_t>(shi - slo);
-    T::scan(acc, p, slo, n, off_t{0}, g == 0 ? n : off_t{0}, g, c, no_skip);
-    if (c == 0) {
-#pragma unroll
-      for (int h = 0; h < kH; ++h)
-#pragma unroll
-        for (int j = 0; j < T::kWords; ++j) {
-          red[warp][h * kD + g * kF + 2 * j] = acc[h][j][0];
-          red[warp][h * kD + g * kF + 2 * j + 1] = acc[h][j][2];
-        }
-    }
+    scan(acc, slo, n, off_t{0}, g == 0 ? n : off_t{0}, no_skip);
+    if (c == 0) T::column0(acc, red[warp], g);
     __syncthreads();
     for (int q = threadIdx.x; q < kHD; q += kThreads) {
-      float s = 0.f;
+      float sum = 0.f;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) s += red[w][q];
-      p.out[r * kHD + q] = static_cast<scalar_t>(s);
+      for (int w = 0; w < kWarps; ++w) sum += red[w][q];
+      p.out[r * kHD + q] = static_cast<scalar_t>(sum);
     }
     __syncthreads();
   }
 
-  // Phase 2: tiles of 8 rows, one a warp, from an atomic counter.
   const int64_t num_tiles = (p.num_rows + 7) / 8;
   for (;;) {
     unsigned long long base = 0;
-    if (lane == 0) base = atomicAdd(&wl.counters[2], static_cast<unsigned long long>(kTcFetch));
+    if (lane == 0) base = atomicAdd(&wl.counters[2], 1ull);
     base = __shfl_sync(kFull, base, 0);
     if (base >= static_cast<unsigned long long>(num_tiles)) break;  // warp-uniform
-    for (int t = 0; t < kTcFetch; ++t) {
-      const int64_t tile = static_cast<int64_t>(base) + t;
-      if (tile >= num_tiles) break;
-      const int64_t r0 = tile * 8, rg = r0 + g;
-      int64_t lo = 0, hi = 0;
-      bool is_long = false;
-      if (rg < p.num_rows) {
-        row_range(p.ptr, rg, p.num_edges, lo, hi);
-        is_long = hi - lo > wl.long_threshold;
-      }
-      // The span of the tile's non-empty short rows.
-      const bool scanned = !is_long && hi > lo;
-      int64_t span_lo = scanned ? lo : INT64_MAX, span_hi = scanned ? hi : 0;
+    const int64_t r0 = static_cast<int64_t>(base) * 8, rg = r0 + g;
+    int64_t lo = 0, hi = 0;
+    bool is_long = false;
+    if (rg < p.num_rows) {
+      row_range(p.ptr, rg, p.num_edges, lo, hi);
+      is_long = hi - lo > wl.long_threshold;
+    }
+    // The span of the tile's non-empty short rows.
+    const bool scanned = !is_long && hi > lo;
+    int64_t span_lo = scanned ? lo : INT64_MAX, span_hi = scanned ? hi : 0;
 #pragma unroll
-      for (int off = 4; off < 32; off <<= 1) {
-        span_lo = min(span_lo, __shfl_xor_sync(kFull, span_lo, off));
-        span_hi = max(span_hi, __shfl_xor_sync(kFull, span_hi, off));
-      }
-      const unsigned long_bits = __ballot_sync(kFull, is_long);
-      typename T::Acc acc;
-      T::zero(acc);
-      if (span_lo < span_hi) {  // warp-uniform
-        const off_t n = static_cast<off_t>(span_hi - span_lo);
-        const off_t rlo = scanned ? static_cast<off_t>(lo - span_lo) : off_t{0};
-        const off_t rhi = scanned ? static_cast<off_t>(hi - span_lo) : off_t{0};
-        if (long_bits == 0) {
-          T::scan(acc, p, span_lo, n, rlo, rhi, g, c, no_skip);
-        } else {
-          // Long rows inside the span are jumped over (their block sums them).
-          const int64_t llo = max(lo, span_lo), lhi = min(hi, span_hi);
-          const off_t long_lo = is_long && llo < lhi ? static_cast<off_t>(llo - span_lo) : off_t{0};
-          const off_t long_hi = is_long && llo < lhi ? static_cast<off_t>(lhi - span_lo) : off_t{0};
-          auto skip = [&](off_t e) {
-            for (;;) {
-              const unsigned b = __ballot_sync(kFull, long_lo <= e && e < long_hi);
-              if (b == 0) return e;
-              e = __shfl_sync(kFull, long_hi, __ffs(b) - 1);
-            }
-          };
-          T::scan(acc, p, span_lo, n, rlo, rhi, g, c, skip);
-        }
-      }
-      // 0 * acc is NaN exactly for an infinite or NaN accumulator.
-      float z = 0.f;
-#pragma unroll
-      for (int h = 0; h < kH; ++h)
-#pragma unroll
-        for (int j = 0; j < T::kWords; ++j)
-#pragma unroll
-          for (int v = 0; v < 4; ++v) z = fmaf(acc[h][j][v], 0.f, z);
-      if (!__any_sync(kFull, z != 0.f)) {
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          const int n_row = 2 * c + rr;
-          const int64_t r = r0 + n_row;
-          if (r >= p.num_rows || ((long_bits >> (4 * n_row)) & 1u)) continue;
-          scalar_t* o = p.out + r * kHD + g * kF;
-#pragma unroll
-          for (int h = 0; h < kH; ++h) {
-            float v[kF];
-#pragma unroll
-            for (int j = 0; j < T::kWords; ++j) {
-              v[2 * j] = acc[h][j][rr];
-              v[2 * j + 1] = acc[h][j][2 + rr];
-            }
-            store_vec<scalar_t, kF>(o + h * kD, v);
-          }
-        }
+    for (int off = 4; off < 32; off <<= 1) {
+      span_lo = min(span_lo, __shfl_xor_sync(kFull, span_lo, off));
+      span_hi = max(span_hi, __shfl_xor_sync(kFull, span_hi, off));
+    }
+    const unsigned long_bits = __ballot_sync(kFull, is_long);
+    typename T::Acc acc;
+    T::zero(acc);
+    if (span_lo < span_hi) {  // warp-uniform
+      const off_t n = static_cast<off_t>(span_hi - span_lo);
+      const off_t rlo = scanned ? static_cast<off_t>(lo - span_lo) : off_t{0};
+      const off_t rhi = scanned ? static_cast<off_t>(hi - span_lo) : off_t{0};
+      if (long_bits == 0) {
+        scan(acc, span_lo, n, rlo, rhi, no_skip);
       } else {
-        for (int n_row = 0; n_row < 8; ++n_row) {
-          const int64_t r = r0 + n_row;
-          const int64_t rlo_n = __shfl_sync(kFull, lo, 4 * n_row);
-          const int64_t rhi_n = __shfl_sync(kFull, hi, 4 * n_row);
-          if (r >= p.num_rows || ((long_bits >> (4 * n_row)) & 1u)) continue;
-          T::exact_row(p, r, rlo_n, rhi_n, lane);
-        }
+        // Long rows inside the span are jumped over (their block sums them).
+        const int64_t llo = max(lo, span_lo), lhi = min(hi, span_hi);
+        const off_t long_lo = is_long && llo < lhi ? static_cast<off_t>(llo - span_lo) : off_t{0};
+        const off_t long_hi = is_long && llo < lhi ? static_cast<off_t>(lhi - span_lo) : off_t{0};
+        auto skip = [&](off_t e) {
+          for (;;) {
+            const unsigned b = __ballot_sync(kFull, long_lo <= e && e < long_hi);
+            if (b == 0) return e;
+            e = __shfl_sync(kFull, long_hi, __ffs(b) - 1);
+          }
+        };
+        scan(acc, span_lo, n, rlo, rhi, skip);
+      }
+    }
+    if (__all_sync(kFull, T::finite(acc))) {
+      T::store_rows(acc, p.out, r0, p.num_rows, long_bits, g, c);
+    } else {
+      for (int n_row = 0; n_row < 8; ++n_row) {
+        const int64_t r = r0 + n_row;
+        const int64_t rlo_n = __shfl_sync(kFull, lo, 4 * n_row);
+        const int64_t rhi_n = __shfl_sync(kFull, hi, 4 * n_row);
+        if (r >= p.num_rows || ((long_bits >> (4 * n_row)) & 1u)) continue;
+        T::exact_row(p, r, rlo_n, rhi_n, lane);
       }
     }
   }
+}
+
+template <typename scalar_t, typename index_t, int kH>
+__global__ void __launch_bounds__(kThreads, PMA_TC_MIN_BLOCKS)
+    tc_gather_kernel(const TcGatherParams<scalar_t, index_t> p, const WorkList wl) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  using T = TcGather<scalar_t, index_t, kH>;
+  __shared__ float red[kThreads / 32][128];
+  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  tc_run<T>(p, wl, red,
+            [&](typename T::Acc& acc, int64_t first, typename T::off_t n, typename T::off_t rlo,
+                typename T::off_t rhi, auto&& skip) {
+              T::scan(acc, p, first, n, rlo, rhi, g, c, skip);
+            });
 #else
-  __trap();  // launched only when built for sm_80 or newer (tc_gather_available)
+  __trap();  // launched only when built for sm_80 or newer (tc_kernel_built)
 #endif
 }
 
@@ -531,6 +554,28 @@ struct TcStaged {
     cp_async_wait<0>();
   }
 
+  static __device__ __forceinline__ void column0(const Acc& acc, float* row, int g) {
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      row[16 * t + g] = acc[t][0];
+      row[16 * t + 8 + g] = acc[t][2];
+    }
+  }
+
+  static __device__ __forceinline__ bool finite(const Acc& acc) {
+    float z = 0.f;
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) z = fmaf(acc[t][v], 0.f, z);
+    return z == 0.f;
+  }
+
+  static __device__ void exact_row(const TcGatherParams<scalar_t, index_t>& p, int64_t r,
+                                   int64_t lo, int64_t hi, int lane) {
+    Base::exact_row(p, r, lo, hi, lane);
+  }
+
   // Tile rows 2c and 2c + 1 (features 16t + g and 16t + 8 + g of each tile t).
   static __device__ __forceinline__ void store_rows(const Acc& acc, scalar_t* out, int64_t r0,
                                                     int64_t num_rows, unsigned long_bits, int g,
@@ -555,111 +600,18 @@ __global__ void __launch_bounds__(kThreads, PMA_TC_STAGED_MIN_BLOCKS)
     tc_gather_staged_kernel(const TcGatherParams<scalar_t, index_t> p, const WorkList wl) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using T = TcStaged<scalar_t, index_t, kH>;
-  using off_t = typename T::off_t;
-  constexpr int kWarps = kThreads / 32, kHD = T::kHD;
-  constexpr unsigned kFull = 0xffffffffu;
   extern __shared__ __align__(128) unsigned char tc_ring[];
-  __shared__ float red[kWarps][kHD];
-  __shared__ unsigned long long s_item;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+  __shared__ float red[kThreads / 32][128];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(tc_ring)) +
                         warp * kTcStages * kTcStageBytes;
-  auto no_skip = [](off_t e) { return e; };
-
-  const int64_t num_long = static_cast<int64_t>(wl.counters[0]);
-  for (;;) {
-    if (threadIdx.x == 0) s_item = atomicAdd(&wl.counters[1], 1ull);
-    __syncthreads();
-    const int64_t item = static_cast<int64_t>(s_item);
-    __syncthreads();
-    if (item >= num_long) break;
-    const int64_t r = wl.long_rows[item];
-    int64_t lo, hi, slo, shi;
-    row_range(p.ptr, r, p.num_edges, lo, hi);
-    group_slice(lo, hi, warp, kWarps, slo, shi);
-    typename T::Acc acc;
-    T::zero(acc);
-    const off_t n = static_cast<off_t>(shi - slo);
-    T::scan(acc, p, slo, n, off_t{0}, g == 0 ? n : off_t{0}, ring, lane, no_skip);
-    if (c == 0) {
-#pragma unroll
-      for (int t = 0; t < 8; ++t) {
-        red[warp][16 * t + g] = acc[t][0];
-        red[warp][16 * t + 8 + g] = acc[t][2];
-      }
-    }
-    __syncthreads();
-    for (int q = threadIdx.x; q < kHD; q += kThreads) {
-      float s = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) s += red[w][q];
-      p.out[r * kHD + q] = static_cast<scalar_t>(s);
-    }
-    __syncthreads();
-  }
-
-  const int64_t num_tiles = (p.num_rows + 7) / 8;
-  for (;;) {
-    unsigned long long base = 0;
-    if (lane == 0) base = atomicAdd(&wl.counters[2], 1ull);
-    base = __shfl_sync(kFull, base, 0);
-    if (base >= static_cast<unsigned long long>(num_tiles)) break;  // warp-uniform
-    const int64_t r0 = static_cast<int64_t>(base) * 8, rg = r0 + g;
-    int64_t lo = 0, hi = 0;
-    bool is_long = false;
-    if (rg < p.num_rows) {
-      row_range(p.ptr, rg, p.num_edges, lo, hi);
-      is_long = hi - lo > wl.long_threshold;
-    }
-    const bool scanned = !is_long && hi > lo;
-    int64_t span_lo = scanned ? lo : INT64_MAX, span_hi = scanned ? hi : 0;
-#pragma unroll
-    for (int off = 4; off < 32; off <<= 1) {
-      span_lo = min(span_lo, __shfl_xor_sync(kFull, span_lo, off));
-      span_hi = max(span_hi, __shfl_xor_sync(kFull, span_hi, off));
-    }
-    const unsigned long_bits = __ballot_sync(kFull, is_long);
-    typename T::Acc acc;
-    T::zero(acc);
-    if (span_lo < span_hi) {  // warp-uniform
-      const off_t n = static_cast<off_t>(span_hi - span_lo);
-      const off_t rlo = scanned ? static_cast<off_t>(lo - span_lo) : off_t{0};
-      const off_t rhi = scanned ? static_cast<off_t>(hi - span_lo) : off_t{0};
-      if (long_bits == 0) {
-        T::scan(acc, p, span_lo, n, rlo, rhi, ring, lane, no_skip);
-      } else {
-        const int64_t llo = max(lo, span_lo), lhi = min(hi, span_hi);
-        const off_t long_lo = is_long && llo < lhi ? static_cast<off_t>(llo - span_lo) : off_t{0};
-        const off_t long_hi = is_long && llo < lhi ? static_cast<off_t>(lhi - span_lo) : off_t{0};
-        auto skip = [&](off_t e) {
-          for (;;) {
-            const unsigned b = __ballot_sync(kFull, long_lo <= e && e < long_hi);
-            if (b == 0) return e;
-            e = __shfl_sync(kFull, long_hi, __ffs(b) - 1);
-          }
-        };
-        T::scan(acc, p, span_lo, n, rlo, rhi, ring, lane, skip);
-      }
-    }
-    float z = 0.f;
-#pragma unroll
-    for (int t = 0; t < 8; ++t)
-#pragma unroll
-      for (int v = 0; v < 4; ++v) z = fmaf(acc[t][v], 0.f, z);
-    if (!__any_sync(kFull, z != 0.f)) {
-      T::store_rows(acc, p.out, r0, p.num_rows, long_bits, g, c);
-    } else {
-      for (int n_row = 0; n_row < 8; ++n_row) {
-        const int64_t r = r0 + n_row;
-        const int64_t rlo_n = __shfl_sync(kFull, lo, 4 * n_row);
-        const int64_t rhi_n = __shfl_sync(kFull, hi, 4 * n_row);
-        if (r >= p.num_rows || ((long_bits >> (4 * n_row)) & 1u)) continue;
-        T::Base::exact_row(p, r, rlo_n, rhi_n, lane);
-      }
-    }
-  }
+  tc_run<T>(p, wl, red,
+            [&](typename T::Acc& acc, int64_t first, typename T::off_t n, typename T::off_t rlo,
+                typename T::off_t rhi, auto&& skip) {
+              T::scan(acc, p, first, n, rlo, rhi, ring, lane, skip);
+            });
 #else
-  __trap();
+  __trap();  // launched only when built for sm_80 or newer (tc_kernel_built)
 #endif
 }
 
