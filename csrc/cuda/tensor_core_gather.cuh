@@ -23,8 +23,9 @@
 //   h * D + g * D / 8 + [0, D / 8) (one 4-, 8- or 16-byte load) and builds
 //   its fragments with byte permutes; fragment row g of the head's j-th
 //   16-feature tile is feature h * D + g * D / 8 + 2j, row g + 8 the next
-//   one. 117 registers (16 warps per SM); the warp waits for each chunk's
-//   4 KB of gathers before its multiplies.
+//   one. 116-128 registers (16 warps per SM; 128 at heads of 16, where it
+//   is taken); the warp waits for each chunk's 4 KB of gathers before its
+//   multiplies.
 // - tc_gather_staged_kernel (taken for heads of 32 and 64 features): the
 //   chunk's 16 rows are copied into a per-warp ring of two 4-KB stages in
 //   shared memory (cp.async, 16 bytes a lane, one chunk ahead, no register
@@ -61,6 +62,7 @@
 #include <c10/util/Half.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common.cuh"
 
@@ -81,35 +83,52 @@ struct TcGatherParams {
   int64_t num_rows, num_src, num_edges;
 };
 
-// D (16 x 8, float32) += A (16 x 16) * B (16 x 8), A and B of 2-byte type.
+// D (16 x 8, float32) += A (16 x 16) * B (16 x 8), A and B of 2-byte type
+// (the PTX type, bf16 or f16, spliced into the instruction).
+#define PMA_MMA_16816(TYPE)                                                     \
+  asm("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 "          \
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"     \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                         \
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
 template <typename scalar_t>
-struct Mma16816;
-template <>
-struct Mma16816<at::BFloat16> {
+struct Mma16816 {
+  static_assert(std::is_same_v<scalar_t, at::BFloat16> || std::is_same_v<scalar_t, at::Half>,
+                "float16 or bfloat16");
   static __device__ __forceinline__ void run(float (&d)[4], uint32_t a0, uint32_t a1,
                                              uint32_t a2, uint32_t a3, uint32_t b0,
                                              uint32_t b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+      PMA_MMA_16816("bf16");
+    } else {
+      PMA_MMA_16816("f16");
+    }
 #endif
   }
 };
-template <>
-struct Mma16816<at::Half> {
-  static __device__ __forceinline__ void run(float (&d)[4], uint32_t a0, uint32_t a1,
-                                             uint32_t a2, uint32_t a3, uint32_t b0,
-                                             uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#endif
-  }
-};
+#undef PMA_MMA_16816
+
+// Both kernels hold 8 tiles of 16 features (H * D = 128) x 8 tile rows: per
+// lane, tile t's C fragment acc[t][0..3].
+using TcAcc = float[8][4];
+
+__device__ __forceinline__ void tc_zero(TcAcc& acc) {
+#pragma unroll
+  for (int t = 0; t < 8; ++t)
+#pragma unroll
+    for (int v = 0; v < 4; ++v) acc[t][v] = 0.f;
+}
+
+// Whether every accumulator of the lane is finite (0 * acc is NaN exactly
+// for an infinite or NaN one).
+__device__ __forceinline__ bool tc_finite(const TcAcc& acc) {
+  float z = 0.f;
+#pragma unroll
+  for (int t = 0; t < 8; ++t)
+#pragma unroll
+    for (int v = 0; v < 4; ++v) z = fmaf(acc[t][v], 0.f, z);
+  return z == 0.f;
+}
 
 // The i-th 32-bit word of a raw load.
 template <typename R>
@@ -136,7 +155,8 @@ struct TcGather {
   using off_t = EntryOffset<index_t>;
   using XRaw = typename RawType<2 * kF>::type;
   using WRaw = typename RawType<kWBytes>::type;
-  using Acc = float[kH][kWords][4];
+  using Acc = TcAcc;  // head h's j-th 16-feature tile: acc[h * kWords + j]
+  static_assert(kH * kWords == 8, "8 tiles of 16 features");
   static constexpr int kChunk = 16;
 
   // Offset within the chunk of the lane's i-th entry: 2c, 2c+1, 2c+8, 2c+9.
@@ -179,7 +199,7 @@ struct TcGather {
       for (int j = 0; j < kWords; ++j) {
         const uint32_t x0 = raw_word(xr[0][h], j), x1 = raw_word(xr[1][h], j);
         const uint32_t x2 = raw_word(xr[2][h], j), x3 = raw_word(xr[3][h], j);
-        Mma16816<scalar_t>::run(acc[h][j], __byte_perm(x0, x1, kLowHalves),
+        Mma16816<scalar_t>::run(acc[h * kWords + j], __byte_perm(x0, x1, kLowHalves),
                                 __byte_perm(x0, x1, kHighHalves), __byte_perm(x2, x3, kLowHalves),
                                 __byte_perm(x2, x3, kHighHalves), b0, b1);
       }
@@ -211,37 +231,15 @@ struct TcGather {
     }
   }
 
-  static __device__ __forceinline__ void zero(Acc& acc) {
-#pragma unroll
-    for (int h = 0; h < kH; ++h)
-#pragma unroll
-      for (int j = 0; j < kWords; ++j)
-#pragma unroll
-        for (int v = 0; v < 4; ++v) acc[h][j][v] = 0.f;
-  }
-
   // B's column 0 (held by the lanes of c = 0) into a row of features.
   static __device__ __forceinline__ void column0(const Acc& acc, float* row, int g) {
 #pragma unroll
     for (int h = 0; h < kH; ++h)
 #pragma unroll
       for (int j = 0; j < kWords; ++j) {
-        row[h * kD + g * kF + 2 * j] = acc[h][j][0];
-        row[h * kD + g * kF + 2 * j + 1] = acc[h][j][2];
+        row[h * kD + g * kF + 2 * j] = acc[h * kWords + j][0];
+        row[h * kD + g * kF + 2 * j + 1] = acc[h * kWords + j][2];
       }
-  }
-
-  // Whether every accumulator is finite (0 * acc is NaN exactly for an
-  // infinite or NaN one).
-  static __device__ __forceinline__ bool finite(const Acc& acc) {
-    float z = 0.f;
-#pragma unroll
-    for (int h = 0; h < kH; ++h)
-#pragma unroll
-      for (int j = 0; j < kWords; ++j)
-#pragma unroll
-        for (int v = 0; v < 4; ++v) z = fmaf(acc[h][j][v], 0.f, z);
-    return z == 0.f;
   }
 
   // Tile rows 2c and 2c + 1 (those below num_rows and not long), each
@@ -260,8 +258,8 @@ struct TcGather {
         float v[kF];
 #pragma unroll
         for (int j = 0; j < kWords; ++j) {
-          v[2 * j] = acc[h][j][rr];
-          v[2 * j + 1] = acc[h][j][2 + rr];
+          v[2 * j] = acc[h * kWords + j][rr];
+          v[2 * j + 1] = acc[h * kWords + j][2 + rr];
         }
         store_vec<scalar_t, kF>(o + h * kD, v);
       }
@@ -316,7 +314,7 @@ __device__ __forceinline__ void tc_run(const TcGatherParams<scalar_t, index_t>& 
     row_range(p.ptr, r, p.num_edges, lo, hi);
     group_slice(lo, hi, warp, kWarps, slo, shi);
     typename T::Acc acc;
-    T::zero(acc);
+    tc_zero(acc);
     const off_t n = static_cast<off_t>(shi - slo);
     scan(acc, slo, n, off_t{0}, g == 0 ? n : off_t{0}, no_skip);
     if (c == 0) T::column0(acc, red[warp], g);
@@ -353,7 +351,7 @@ __device__ __forceinline__ void tc_run(const TcGatherParams<scalar_t, index_t>& 
     }
     const unsigned long_bits = __ballot_sync(kFull, is_long);
     typename T::Acc acc;
-    T::zero(acc);
+    tc_zero(acc);
     if (span_lo < span_hi) {  // warp-uniform
       const off_t n = static_cast<off_t>(span_hi - span_lo);
       const off_t rlo = scanned ? static_cast<off_t>(lo - span_lo) : off_t{0};
@@ -375,7 +373,7 @@ __device__ __forceinline__ void tc_run(const TcGatherParams<scalar_t, index_t>& 
         scan(acc, span_lo, n, rlo, rhi, skip);
       }
     }
-    if (__all_sync(kFull, T::finite(acc))) {
+    if (__all_sync(kFull, tc_finite(acc))) {
       T::store_rows(acc, p.out, r0, p.num_rows, long_bits, g, c);
     } else {
       for (int n_row = 0; n_row < 8; ++n_row) {
@@ -459,14 +457,7 @@ struct TcStaged {
   using off_t = typename Base::off_t;
   using WRaw = typename Base::WRaw;
   static constexpr int kHD = 128, kD = Base::kD, kChunk = 16;
-  using Acc = float[8][4];  // 16-feature tile t: features 16t + g (c0, c1), 16t + 8 + g (c2, c3)
-
-  static __device__ __forceinline__ void zero(Acc& acc) {
-#pragma unroll
-    for (int t = 0; t < 8; ++t)
-#pragma unroll
-      for (int v = 0; v < 4; ++v) acc[t][v] = 0.f;
-  }
+  using Acc = TcAcc;  // tile t: features 16t + g (c0, c1), 16t + 8 + g (c2, c3)
 
   // The chunk's weights of the lane's entries that belong to tile row g.
   static __device__ __forceinline__ void load_weights(WRaw (&wr)[4], const scalar_t* weight,
@@ -560,15 +551,6 @@ struct TcStaged {
       row[16 * t + g] = acc[t][0];
       row[16 * t + 8 + g] = acc[t][2];
     }
-  }
-
-  static __device__ __forceinline__ bool finite(const Acc& acc) {
-    float z = 0.f;
-#pragma unroll
-    for (int t = 0; t < 8; ++t)
-#pragma unroll
-      for (int v = 0; v < 4; ++v) z = fmaf(acc[t][v], 0.f, z);
-    return z == 0.f;
   }
 
   static __device__ void exact_row(const TcGatherParams<scalar_t, index_t>& p, int64_t r,
