@@ -127,8 +127,9 @@ PERMINV=(
   "$G::test_backward_perm_inv_same_results[8x50-E400-H8-D64-bfloat16-int64-no_edge-p0.5-transposed-cuda]"
   "$G::test_out_of_range_perm_inv_does_not_fault_cuda"
 )
-# The tensor-core forward (tensor_core_gather.cuh): heads of 32 and 16
-# features, long rows summed block-wide through shared memory, the
+# The tensor-core forward (tensor_core_gather.cuh) and backward
+# (tensor_core_backward.cuh): heads of 32 and 16 features, long rows summed
+# block-wide through shared memory (forward) or in slices (backward), the
 # non-finite fallback, malformed graphs and the unaligned fallback.
 TC=(
   "$K::test_tensor_core_forward[4-32-dtype1]"
@@ -136,6 +137,11 @@ TC=(
   "$K::test_tensor_core_forward_non_finite[dtype1-index_dtype0]"
   "$K::test_tensor_core_forward_malformed_and_unaligned[index_dtype0]"
   "$K::test_tensor_core_forward_malformed_and_unaligned[index_dtype1]"
+  "$K::test_tensor_core_backward[4-32-dtype1]"
+  "$K::test_tensor_core_backward[8-16-dtype0]"
+  "$K::test_tensor_core_backward_non_finite[dtype1-index_dtype0]"
+  "$K::test_tensor_core_backward_malformed_and_unaligned[index_dtype0]"
+  "$K::test_tensor_core_backward_malformed_and_unaligned[index_dtype1]"
 )
 # The device=cuda cases of the malformed-input catalogue and the properties
 # (with HYPOTHESIS_PROFILE=sanitize: a few examples each); `-k cuda` keeps

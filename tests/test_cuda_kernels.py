@@ -116,17 +116,23 @@ def check_all_ops(rowptr, col, weight, x, grad_out, dtype):
     assert gx_empty.shape == (0, H, D)
     # With perm_inv: grad_weight by CSC entry, then gathered into edge order;
     # the same sums, so the same bits (both gradients, each alone, and a
-    # weight viewed at an odd element offset).
+    # weight viewed at an odd element offset, which 2-byte types with H * D =
+    # 128 run on other kernels than the aligned one: compared with that
+    # view's own run without perm_inv).
     perm_inv = invert_perm(perm)
     flat = torch.empty(E * H + 1, dtype=dtype, device="cuda")
     odd_weight = flat[1:].view(E, H)
     odd_weight.copy_(weight)
     for w in (weight, odd_weight):
+        gx_w, gw_w = ops.multihead_spmm_backward_csc(colptr, row, perm, w, x, grad_out)
+        assert_close(gx_w, ref_gx, dtype, "backward_csc grad_x, weight view")
+        assert_close(gw_w, ref_gw, dtype, "backward_csc grad_weight, weight view")
         nans = [torch.full((E, H), float("nan"), dtype=dtype, device="cuda") for _ in range(2)]
         del nans  # two NaN blocks: the dots by CSC entry and grad_weight
         gx_inv, gw_inv = ops.multihead_spmm_backward_csc(colptr, row, perm, w, x, grad_out,
                                                          perm_inv)
-        assert torch.equal(gx_inv, gx) and torch.equal(gw_inv, gw), "perm_inv: not bitwise equal"
+        assert torch.equal(gx_inv, gx_w) and torch.equal(gw_inv, gw_w), \
+            "perm_inv: not bitwise equal"
         poison((num_src, H, D), dtype, "cuda")
         gx_inv, _ = ops.multihead_spmm_backward_csc(colptr, row, perm, w, None, grad_out,
                                                     perm_inv)
@@ -452,6 +458,136 @@ def test_tensor_core_forward_malformed_and_unaligned(index_dtype, monkeypatch):
         poison((100, 4, 32), torch.bfloat16, "cuda")
         assert_close(ops.multihead_spmm(rowptr, col, w, xx), ref, torch.bfloat16,
                      f"weight offset {w_off}, x offset {x_off}")
+
+
+def transposed_too(graphs):
+    """Each (index dtype, (rowptr, col, num_src)) and its transpose, so that
+    the backward's CSC has the graph's rows (every length around the chunks
+    and tiles, empty ones, long ones cut into slices) as well as its skewed
+    sources (hubs of hundreds of entries)."""
+    for index_dtype, (rowptr, col, num_src) in graphs:
+        yield index_dtype, (rowptr, col, num_src)
+        colptr, row, _ = csr_to_csc(rowptr, col, num_src)
+        yield index_dtype, (colptr, row, rowptr.numel() - 1)
+
+
+def backward_both(colptr, row, perm, weight, x, grad_out, perm_inv, num_src):
+    """Both gradients of the CSC backward, the outputs poisoned first (grad_x,
+    grad_weight and, with perm_inv, the dots by CSC entry)."""
+    heads, channels = grad_out.shape[1:]
+    poison((num_src, heads, channels), grad_out.dtype, "cuda")
+    for _ in range(2):
+        poison((row.numel(), heads), grad_out.dtype, "cuda")
+    return ops.multihead_spmm_backward_csc(colptr, row, perm, weight, x, grad_out, perm_inv)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("heads,channels", TC_HEADS)
+def test_tensor_core_backward(heads, channels, dtype, monkeypatch):
+    """Both gradients of the spmm backward of 2-byte types on the tensor cores
+    (PYG_MULTIHEAD_AGG_TENSOR_CORES=1; tensor_core_backward.cuh) and on the
+    dot-gather kernel (0) match the float64 reference, int32 and int64, with
+    grad_weight stored by edge id and by CSC entry (perm_inv), poisoned
+    outputs, long CSC rows (summed block-wide) and empty ones; each is
+    bitwise reproducible, and perm_inv changes no bit. Unset, the variable
+    picks one of them."""
+    gen = torch.Generator().manual_seed(heads * 7 + channels)
+    for index_dtype, (rowptr, col, num_src) in transposed_too(tile_graphs(gen)):
+        weight, x, grad_out = make_values(rowptr, col, num_src, heads, channels, dtype, gen)
+        ref_gx = reference_grad_x(rowptr, col, weight, grad_out, num_src)
+        ref_gw = reference_sddmm(rowptr, col, grad_out, x)
+        rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
+        colptr, row, perm = csr_to_csc(rowptr, col, num_src)
+        perm_inv = invert_perm(perm)
+        for mode in ("1", "0", None):
+            if mode is None:
+                monkeypatch.delenv("PYG_MULTIHEAD_AGG_TENSOR_CORES")
+            else:
+                monkeypatch.setenv("PYG_MULTIHEAD_AGG_TENSOR_CORES", mode)
+            what = f"tensor cores {mode}, {index_dtype}"
+            gx, gw = backward_both(colptr, row, perm, weight, x, grad_out, None, num_src)
+            assert_close(gx, ref_gx, dtype, f"grad_x, {what}")
+            assert_close(gw, ref_gw, dtype, f"grad_weight, {what}")
+            gx_inv, gw_inv = backward_both(colptr, row, perm, weight, x, grad_out, perm_inv,
+                                           num_src)
+            assert torch.equal(gx_inv, gx) and torch.equal(gw_inv, gw), f"perm_inv, {what}"
+            again = backward_both(colptr, row, perm, weight, x, grad_out, perm_inv, num_src)
+            assert torch.equal(again[0], gx) and torch.equal(again[1], gw), f"repeat, {what}"
+
+
+@pytest.mark.parametrize("index_dtype", INDICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_tensor_core_backward_non_finite(dtype, index_dtype, monkeypatch):
+    """inf and NaN in grad_out (gathered by the CSC's chunks, so a zero weight
+    times inf would reach the other rows of a chunk), in x (a tile row's B
+    column of the dots) and in the weights: the tensor-core backward gives
+    NaN and +-inf in grad_x and grad_weight exactly where the float64
+    reference does, and matches it elsewhere."""
+    monkeypatch.setenv("PYG_MULTIHEAD_AGG_TENSOR_CORES", "1")
+    gen = torch.Generator().manual_seed(29)
+    for _, (rowptr, col, num_src) in transposed_too(tile_graphs(gen)):
+        num_dst = rowptr.numel() - 1
+        weight, x, grad_out = make_values(rowptr, col, num_src, 4, 32, dtype, gen)
+        grad_out[num_dst - 1, 1, 5] = float("inf")
+        grad_out[num_dst // 2, 0, :] = float("-inf")
+        grad_out[num_dst // 3, 3, 31] = float("nan")
+        x[num_src - 1, 2, 7] = float("inf")
+        x[1, 0, 0] = float("nan")
+        weight[col.numel() // 2, 1] = float("inf")
+        ref_gx = reference_grad_x(rowptr, col, weight, grad_out, num_src)
+        ref_gw = reference_sddmm(rowptr, col, grad_out, x)
+        rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
+        colptr, row, perm = csr_to_csc(rowptr, col, num_src)
+        for inv in (None, invert_perm(perm)):
+            gx, gw = backward_both(colptr, row, perm, weight, x, grad_out, inv, num_src)
+            for name, out, ref in (("grad_x", gx, ref_gx), ("grad_weight", gw, ref_gw)):
+                out = out.double().cpu()
+                assert 0 < int((~torch.isfinite(ref)).sum()) < ref.numel(), name
+                assert torch.equal(torch.isnan(out), torch.isnan(ref)), name
+                assert torch.equal(out[torch.isinf(ref)], ref[torch.isinf(ref)]), name
+                good = torch.isfinite(ref)
+                if name == "grad_x":  # rows without a non-finite value
+                    good = good.all(-1).all(-1)
+                assert_close(out[good].to(dtype), ref[good], dtype, f"finite {name}")
+
+
+@pytest.mark.parametrize("index_dtype", INDICES)
+def test_tensor_core_backward_malformed_and_unaligned(index_dtype, monkeypatch):
+    """The tensor-core backward on malformed CSCs (out-of-range rows and edge
+    ids, decreasing, negative, overflowing and overlapping pointers) neither
+    faults nor hangs (scripts/sanitize.sh runs it under memcheck); with a
+    weight or x not aligned for it, it steps aside and the result is right."""
+    monkeypatch.setenv("PYG_MULTIHEAD_AGG_TENSOR_CORES", "1")
+    gen = torch.Generator().manual_seed(31)
+    num_dst, num_src, num_edges = 43, 30, 600
+    for colptr, row in malformed_graphs(num_src, num_dst, num_edges, gen):
+        colptr, row = colptr.cuda().to(index_dtype), row.cuda().to(index_dtype)
+        bad_perm = torch.randperm(num_edges, generator=gen).cuda().to(index_dtype)
+        bad_perm[::9] = num_edges + 3
+        bad_perm[1::9] = -2
+        for heads, channels in TC_HEADS:
+            weight, x, grad_out = (
+                torch.randn(shape, generator=gen).to(torch.bfloat16).cuda()
+                for shape in ((num_edges, heads), (num_src, heads, channels),
+                              (num_dst, heads, channels)))
+            for inv in (None, torch.arange(num_edges, device="cuda").to(index_dtype)):
+                ops.multihead_spmm_backward_csc(colptr, row, bad_perm, weight, x, grad_out, inv)
+    torch.cuda.synchronize()
+    rowptr, col = power_law_graph(100, 80, gen, hub_degree=500)
+    weight, x, grad_out = make_values(rowptr, col, 80, 4, 32, torch.bfloat16, gen)
+    ref_gx = reference_grad_x(rowptr, col, weight, grad_out, 80)
+    ref_gw = reference_sddmm(rowptr, col, grad_out, x)
+    rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
+    colptr, row, perm = csr_to_csc(rowptr, col, 80)
+    for w_off, x_off in ((1, 0), (0, 1), (0, 0)):
+        w_flat = torch.empty(weight.numel() + w_off, dtype=weight.dtype, device="cuda")
+        x_flat = torch.empty(x.numel() + x_off, dtype=x.dtype, device="cuda")
+        w = w_flat[w_off:].view(weight.shape).copy_(weight)
+        xx = x_flat[x_off:].view(x.shape).copy_(x)
+        gx, gw = backward_both(colptr, row, perm, w, xx, grad_out, None, 80)
+        what = f"weight offset {w_off}, x offset {x_off}"
+        assert_close(gx, ref_gx, torch.bfloat16, f"grad_x, {what}")
+        assert_close(gw, ref_gw, torch.bfloat16, f"grad_weight, {what}")
 
 
 @pytest.mark.parametrize("name,value,expected", [

@@ -46,11 +46,15 @@
 #include <climits>
 #include <cstdlib>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <type_traits>
 
 #include "../checks.h"
 #include "common.cuh"
 #include "dispatch.cuh"
+#include "tensor_core_backward.cuh"
 #include "tensor_core_gather.cuh"
 
 namespace pyg_multihead_agg {
@@ -694,6 +698,58 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 // launched.
 constexpr int64_t kTcMaxAvgDegree = 64;
 
+// A tensor-core kernel's launch facts on the current device, queried once
+// per (kernel, device, dynamic shared memory) and cached: whether it was
+// built for sm_80 or newer (tc_kernel_built), and its resident blocks per SM
+// (after raising its dynamic shared memory limit). Session 16 made these
+// three runtime calls on every launch (cudaFuncGetAttributes alone: ~5.6 us
+// under torch.profiler). No gain was measurable (session 17, calls 7-8): a
+// bf16 forward + backward step on arxiv-like (0.32 ms of kernels) waits on
+// Python's 0.45-0.65 ms of host work a step whatever the build.
+struct TcLaunchInfo {
+  bool built = false;
+  int per_sm = 0;
+};
+
+template <typename Kernel>
+TcLaunchInfo tc_launch_info(Kernel kernel, size_t smem) {
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, size_t>, TcLaunchInfo> cache;
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel),
+                                   static_cast<int>(c10::cuda::current_device()), smem);
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (const auto it = cache.find(key); it != cache.end()) return it->second;
+  TcLaunchInfo info;
+  info.built = tc_kernel_built(kernel);
+  if (info.built) {
+    if (smem > 0)
+      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem)));
+    C10_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info.per_sm, kernel, kThreads, smem));
+  }
+  cache.emplace(key, info);
+  return info;
+}
+
+// Launches a tensor-core kernel (tc_run's loop) over tiles of 8 rows, as many
+// blocks as fit the SMs with `smem` bytes of dynamic shared memory; false
+// when the kernel was not built for sm_80 or newer. `List`: the kernel's
+// WorkList or SliceList.
+template <typename Kernel, typename Params, typename List>
+bool launch_tc(Kernel kernel, const Params& t, const List& wl, size_t smem) {
+  const TcLaunchInfo info = tc_launch_info(kernel, smem);
+  if (!info.built) return false;
+  const int per_sm = info.per_sm;
+  const int64_t tiles = (t.num_rows + 7) / 8, warps = kThreads / 32;
+  const int64_t blocks = std::max<int64_t>(
+      1, std::min<int64_t>(static_cast<int64_t>(std::max(per_sm, 1)) * num_sms(),
+                           (tiles + warps - 1) / warps));
+  kernel<<<static_cast<int>(blocks), kThreads, smem, c10::cuda::getCurrentCUDAStream()>>>(t, wl);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return true;
+}
+
 template <typename scalar_t, typename index_t>
 bool try_launch_tc_gather(const GatherParams<scalar_t, index_t>& p, const WorkList& wl) {
   if constexpr (sizeof(scalar_t) != 2) {
@@ -709,21 +765,7 @@ bool try_launch_tc_gather(const GatherParams<scalar_t, index_t>& p, const WorkLi
                                              p.out,      p.num_rows, p.num_src,  p.num_edges};
     const bool staged = staged_mode == -1 ? p.H <= 4 : staged_mode == 1;
     const size_t smem = staged ? static_cast<size_t>(kThreads / 32) * kTcStages * kTcStageBytes : 0;
-    auto launch = [&](auto kernel) {
-      if (!tc_kernel_built(kernel)) return false;
-      if (smem > 0)
-        C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(smem)));
-      int per_sm = 0;
-      C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
-      const int64_t tiles = (p.num_rows + 7) / 8, warps = kThreads / 32;
-      const int64_t blocks = std::max<int64_t>(
-          1, std::min<int64_t>(static_cast<int64_t>(std::max(per_sm, 1)) * num_sms(),
-                               (tiles + warps - 1) / warps));
-      kernel<<<static_cast<int>(blocks), kThreads, smem, c10::cuda::getCurrentCUDAStream()>>>(t, wl);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-      return true;
-    };
+    auto launch = [&](auto kernel) { return launch_tc(kernel, t, wl, smem); };
     switch (p.H) {
       case 2:
         return staged ? launch(tc_gather_staged_kernel<scalar_t, index_t, 2>)
@@ -852,6 +894,64 @@ bool try_launch_dot_gather(DotParams<scalar_t, index_t> p, const at::TensorOptio
   return true;
 }
 
+// Both gradients of the spmm backward of 2-byte types on the tensor cores
+// (tensor_core_backward.cuh) when it applies: H * D = 128 with H = 2, 4 or 8,
+// a weight and x (both gradients), 16-byte aligned grad_out, x and grad_x,
+// weight and dot rows aligned to their 2 * H bytes, and a kernel built for
+// sm_80 or newer. PYG_MULTIHEAD_AGG_TENSOR_CORES=0 never takes it; otherwise
+// it is taken whenever it applies: session 17 (H200, bf16, 4 x 32, with
+// perm_inv, against the dot-gather kernel in the same run) measured
+// arxiv-like 0.285 -> 0.217 ms, products-like 7.18 -> 6.46, reddit-like
+// (200 entries a row, where the forward keeps the register kernels) 4.25 ->
+// 3.43. Returns whether it launched.
+
+template <typename scalar_t, typename index_t>
+bool try_launch_tc_dot_gather(const DotParams<scalar_t, index_t>& p,
+                              const at::TensorOptions& options) {
+  if constexpr (sizeof(scalar_t) != 2) {
+    return false;
+  } else {
+    const int64_t mode = env_int("PYG_MULTIHEAD_AGG_TENSOR_CORES", -1, {0, 1});
+    if (mode == 0) return false;
+    if (p.HD != 128 || (p.H != 2 && p.H != 4 && p.H != 8)) return false;
+    if (p.perm == nullptr || p.weight == nullptr || p.acc_out == nullptr || p.dot_out == nullptr)
+      return false;
+    if (!is_aligned(p.gathered, 16) || !is_aligned(p.rowval, 16) || !is_aligned(p.acc_out, 16) ||
+        !is_aligned(p.weight, 2 * p.H) || !is_aligned(p.dot_out, 2 * p.H))
+      return false;
+    TcDotParams<scalar_t, index_t> t{};
+    t.ptr = p.ptr;
+    t.idx = p.idx;
+    t.weight = p.weight;
+    t.x = p.gathered;
+    t.out = p.acc_out;
+    t.num_rows = p.num_rows;
+    t.num_src = p.num_gathered;
+    t.num_edges = p.num_edges;
+    t.perm = p.perm;
+    t.rowval = p.rowval;
+    t.dot_out = p.dot_out;
+    t.by_entry = p.dot_by_entry;
+    auto kernel = p.H == 2   ? tc_dot_gather_kernel<scalar_t, index_t, 2>
+                  : p.H == 4 ? tc_dot_gather_kernel<scalar_t, index_t, 4>
+                             : tc_dot_gather_kernel<scalar_t, index_t, 8>;
+    const size_t smem = static_cast<size_t>(kThreads / 32) * kTcDotStages * kTcDotStageBytes;
+    if (!tc_launch_info(kernel, smem).built) return false;
+    // Long rows in slices (SliceList), their partial grad_x rows summed by
+    // sum_slices_kernel.
+    at::Tensor storage;
+    int64_t max_slots = 0;
+    const SliceList sl = make_slice_list(p.ptr, p.num_rows, p.num_edges, storage, options,
+                                         max_slots);
+    const at::Tensor part = at::empty({max_slots * 128}, options.dtype(at::kFloat));
+    t.part = part.data_ptr<float>();
+    launch_tc(kernel, t, sl, smem);
+    launch_sum_slices<scalar_t, index_t, float>(p.ptr, p.num_edges, sl, t.part, p.acc_out, 128,
+                                                nullptr, nullptr, 0);
+    return true;
+  }
+}
+
 template <typename scalar_t, typename index_t>
 void launch_sddmm_generic(DotParams<scalar_t, index_t> p, const at::TensorOptions& options) {
   p.G = next_pow2(p.D);
@@ -971,8 +1071,11 @@ std::tuple<at::Tensor, at::Tensor> multihead_spmm_backward_csc_cuda(
       d.H = static_cast<int>(H);
       d.D = static_cast<int>(D);
       d.HD = static_cast<int>(H * D);
-      // Both gradients in one pass when the fast path applies.
-      if (need_grad_x && need_grad_weight && try_launch_dot_gather(d, colptr.options())) {
+      // Both gradients in one pass when a fast path applies (the tensor
+      // cores for 2-byte types, else the dot-gather kernel).
+      if (need_grad_x && need_grad_weight &&
+          (try_launch_tc_dot_gather(d, colptr.options()) ||
+           try_launch_dot_gather(d, colptr.options()))) {
         if (by_entry) launch_gather_rows<index_t>(dots, inv_c, grad_weight);
         return;
       }

@@ -152,6 +152,7 @@ struct TcGather {
   static constexpr int kWBytes = 2 * kH;  // a weight row
   static_assert(kH == 2 || kH == 4 || kH == 8, "H * D = 128 with D = 64, 32 or 16");
   static_assert(sizeof(scalar_t) == 2, "2-byte types");
+  using scalar_type = scalar_t;
   using off_t = EntryOffset<index_t>;
   using XRaw = typename RawType<2 * kF>::type;
   using WRaw = typename RawType<kWBytes>::type;
@@ -285,21 +286,28 @@ struct TcGather {
   }
 };
 
-// The persistent loop of both tensor-core kernels (T = TcGather or
-// TcStaged), with scan(acc, first, n, rlo, rhi, skip) the kernel's walk over
-// the entries [first, first + n) (see TcGather::scan).
+// The persistent loop of the tensor-core kernels (T = TcGather, TcStaged or
+// TcDotStaged, P their parameters: ptr, num_rows, num_edges and the output
+// `out` of TcGatherParams), with scan(acc, first, n, rlo, rhi, xrow, skip)
+// the kernel's walk over the entries [first, first + n) (see TcGather::scan);
+// xrow is the row of tile row g (phase 2; -1 past the last row) or the long
+// row (phase 1, every lane), which only the backward's dots use.
 // Phase 1: the long rows, one at a time per block; warp w sums slice w in
 // B's column 0 (tile row 0: the lanes of g = 0 load the weights), which the
 // lanes of c = 0 hold, and the slices are added in warp order through `red`.
-// Phase 2: tiles of 8 rows, one a warp, from an atomic counter.
-template <typename T, typename scalar_t, typename index_t, typename Scan>
-__device__ __forceinline__ void tc_run(const TcGatherParams<scalar_t, index_t>& p,
-                                       const WorkList& wl, float (*red)[128], Scan&& scan) {
+// Phase 2: tiles of 8 rows, one a warp, from an atomic counter (tc_tiles).
+template <typename T, typename P, typename Scan>
+__device__ __forceinline__ void tc_tiles(const P& p, unsigned long long* counter,
+                                         int64_t long_threshold, Scan&& scan);
+
+template <typename T, typename P, typename Scan>
+__device__ __forceinline__ void tc_run(const P& p, const WorkList& wl, float (*red)[128],
+                                       Scan&& scan) {
+  using scalar_t = typename T::scalar_type;
   using off_t = typename T::off_t;
   constexpr int kWarps = kThreads / 32, kHD = 128;
-  constexpr unsigned kFull = 0xffffffffu;
   __shared__ unsigned long long s_item;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+  const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
   auto no_skip = [](off_t e) { return e; };
 
   const int64_t num_long = static_cast<int64_t>(wl.counters[0]);
@@ -316,7 +324,7 @@ __device__ __forceinline__ void tc_run(const TcGatherParams<scalar_t, index_t>& 
     typename T::Acc acc;
     tc_zero(acc);
     const off_t n = static_cast<off_t>(shi - slo);
-    scan(acc, slo, n, off_t{0}, g == 0 ? n : off_t{0}, no_skip);
+    scan(acc, slo, n, off_t{0}, g == 0 ? n : off_t{0}, r, no_skip);
     if (c == 0) T::column0(acc, red[warp], g);
     __syncthreads();
     for (int q = threadIdx.x; q < kHD; q += kThreads) {
@@ -327,11 +335,23 @@ __device__ __forceinline__ void tc_run(const TcGatherParams<scalar_t, index_t>& 
     }
     __syncthreads();
   }
+  tc_tiles<T>(p, &wl.counters[2], wl.long_threshold, scan);
+}
 
+// tc_run's phase 2 (also the sliced backward's, tensor_core_backward.cuh):
+// tiles of 8 rows, one a warp, from the atomic `counter`; rows of more than
+// long_threshold entries are skipped (summed elsewhere).
+template <typename T, typename P, typename Scan>
+__device__ __forceinline__ void tc_tiles(const P& p, unsigned long long* counter,
+                                         int64_t long_threshold, Scan&& scan) {
+  using off_t = typename T::off_t;
+  constexpr unsigned kFull = 0xffffffffu;
+  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  auto no_skip = [](off_t e) { return e; };
   const int64_t num_tiles = (p.num_rows + 7) / 8;
   for (;;) {
     unsigned long long base = 0;
-    if (lane == 0) base = atomicAdd(&wl.counters[2], 1ull);
+    if (lane == 0) base = atomicAdd(counter, 1ull);
     base = __shfl_sync(kFull, base, 0);
     if (base >= static_cast<unsigned long long>(num_tiles)) break;  // warp-uniform
     const int64_t r0 = static_cast<int64_t>(base) * 8, rg = r0 + g;
@@ -339,7 +359,7 @@ __device__ __forceinline__ void tc_run(const TcGatherParams<scalar_t, index_t>& 
     bool is_long = false;
     if (rg < p.num_rows) {
       row_range(p.ptr, rg, p.num_edges, lo, hi);
-      is_long = hi - lo > wl.long_threshold;
+      is_long = hi - lo > long_threshold;
     }
     // The span of the tile's non-empty short rows.
     const bool scanned = !is_long && hi > lo;
@@ -354,12 +374,13 @@ __device__ __forceinline__ void tc_run(const TcGatherParams<scalar_t, index_t>& 
     tc_zero(acc);
     if (span_lo < span_hi) {  // warp-uniform
       const off_t n = static_cast<off_t>(span_hi - span_lo);
+      const int64_t xrow = rg < p.num_rows ? rg : int64_t{-1};
       const off_t rlo = scanned ? static_cast<off_t>(lo - span_lo) : off_t{0};
       const off_t rhi = scanned ? static_cast<off_t>(hi - span_lo) : off_t{0};
       if (long_bits == 0) {
-        scan(acc, span_lo, n, rlo, rhi, no_skip);
+        scan(acc, span_lo, n, rlo, rhi, xrow, no_skip);
       } else {
-        // Long rows inside the span are jumped over (their block sums them).
+        // Long rows inside the span are jumped over (summed elsewhere).
         const int64_t llo = max(lo, span_lo), lhi = min(hi, span_hi);
         const off_t long_lo = is_long && llo < lhi ? static_cast<off_t>(llo - span_lo) : off_t{0};
         const off_t long_hi = is_long && llo < lhi ? static_cast<off_t>(lhi - span_lo) : off_t{0};
@@ -370,7 +391,7 @@ __device__ __forceinline__ void tc_run(const TcGatherParams<scalar_t, index_t>& 
             e = __shfl_sync(kFull, long_hi, __ffs(b) - 1);
           }
         };
-        scan(acc, span_lo, n, rlo, rhi, skip);
+        scan(acc, span_lo, n, rlo, rhi, xrow, skip);
       }
     }
     if (__all_sync(kFull, tc_finite(acc))) {
@@ -396,7 +417,7 @@ __global__ void __launch_bounds__(kThreads, PMA_TC_MIN_BLOCKS)
   const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   tc_run<T>(p, wl, red,
             [&](typename T::Acc& acc, int64_t first, typename T::off_t n, typename T::off_t rlo,
-                typename T::off_t rhi, auto&& skip) {
+                typename T::off_t rhi, int64_t /*xrow*/, auto&& skip) {
               T::scan(acc, p, first, n, rlo, rhi, g, c, skip);
             });
 #else
@@ -454,6 +475,7 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& a0, u
 template <typename scalar_t, typename index_t, int kH>
 struct TcStaged {
   using Base = TcGather<scalar_t, index_t, kH>;
+  using scalar_type = scalar_t;
   using off_t = typename Base::off_t;
   using WRaw = typename Base::WRaw;
   static constexpr int kHD = 128, kD = Base::kD, kChunk = 16;
@@ -473,16 +495,24 @@ struct TcStaged {
   static __device__ __forceinline__ void issue(uint32_t stage, index_t sl, off_t e, off_t n,
                                                const scalar_t* x,
                                                const IndexBound<index_t>& src_ok, int lane) {
+    copy_rows(stage, sl, e, n, x, src_ok, lane);
+    cp_async_commit();
+  }
+  // The same copies, not committed.
+  static __device__ __forceinline__ void copy_rows(uint32_t stage, index_t sl, off_t e, off_t n,
+                                                   const scalar_t* x,
+                                                   const IndexBound<index_t>& src_ok, int lane) {
     const int piece = lane & 15;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const int k = 2 * i + (lane >> 4);
       const index_t s = __shfl_sync(0xffffffffu, sl, k);
       const bool ok = e + k < n && src_ok(s);
-      const scalar_t* src = ok ? row_at(x, s, kHD) + piece * 8 : x;
-      cp_async_16(stage + k * 256 + ((piece ^ (k & 7)) << 4), src, ok);
+      // (row 0 when not ok: the copy reads nothing, and a select of the
+      // index costs one instruction where one of the pointer cost four)
+      cp_async_16(stage + k * 256 + ((piece ^ (k & 7)) << 4),
+                  row_at(x, ok ? s : index_t{0}, kHD) + piece * 8, ok);
     }
-    cp_async_commit();
   }
 
   template <typename Skip>
@@ -589,7 +619,7 @@ __global__ void __launch_bounds__(kThreads, PMA_TC_STAGED_MIN_BLOCKS)
                         warp * kTcStages * kTcStageBytes;
   tc_run<T>(p, wl, red,
             [&](typename T::Acc& acc, int64_t first, typename T::off_t n, typename T::off_t rlo,
-                typename T::off_t rhi, auto&& skip) {
+                typename T::off_t rhi, int64_t /*xrow*/, auto&& skip) {
               T::scan(acc, p, first, n, rlo, rhi, ring, lane, skip);
             });
 #else
