@@ -904,7 +904,6 @@ bool try_launch_dot_gather(DotParams<scalar_t, index_t> p, const at::TensorOptio
 // arxiv-like 0.285 -> 0.217 ms, products-like 7.18 -> 6.46, reddit-like
 // (200 entries a row, where the forward keeps the register kernels) 4.25 ->
 // 3.43. Returns whether it launched.
-
 template <typename scalar_t, typename index_t>
 bool try_launch_tc_dot_gather(const DotParams<scalar_t, index_t>& p,
                               const at::TensorOptions& options) {

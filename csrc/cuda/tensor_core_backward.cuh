@@ -18,7 +18,7 @@
 // (16 words a lane), and entry k's dot is D[k, row of k] (a select: lane
 // (g, c) holds columns 2c and 2c + 1 of entries g and g + 8). Each D element
 // is one entry's dot with one row's x, so a non-finite value reaches only
-// the dots it belongs to; grad_x takes tc_run's per-tile fallback.
+// the dots it belongs to; grad_x takes tc_tiles' per-tile fallback.
 //
 // The dots are stored as the CSC entries are walked: by entry (dot_by_entry,
 // then gathered into edge order through perm_inv by the launcher) or at
@@ -99,16 +99,6 @@ __device__ __forceinline__ typename RawType<kBytes>::type lds_raw(uint32_t addr)
   }
 #endif
   return v;
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& a0, uint32_t& a1,
-                                            uint32_t& a2, uint32_t& a3) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
-               : "r"(addr)
-               : "memory");
-#endif
 }
 
 // Two floats as one word of two 2-byte values (lo in the low half), rounded
@@ -249,10 +239,10 @@ struct TcDotStaged {
           const int t = h * kTilesPerHead + tt;
           const uint32_t addr = stage + (lm_off ^ (32u * t));
           uint32_t a0, a1r, a2r, a3;
-          ldmatrix_x4_trans(addr, a0, a1r, a2r, a3);
+          ldmatrix_x4<true>(addr, a0, a1r, a2r, a3);
           Mma16816<scalar_t>::run(acc[t], a0, a1r, a2r, a3, b0, b1w);
           uint32_t g0, g1, g2, g3;
-          ldmatrix_x4(addr, g0, g1, g2, g3);
+          ldmatrix_x4<false>(addr, g0, g1, g2, g3);
           // matrices: 0 = entries 0-7 / features 16t..+7, 1 = entries 0-7 /
           // 16t+8.., 2 = entries 8-15 / 16t.., 3 = entries 8-15 / 16t+8..
           Mma16816<scalar_t>::run(d, g0, g2, g1, g3, xb[t][0], xb[t][1]);

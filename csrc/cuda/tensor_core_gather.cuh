@@ -286,58 +286,6 @@ struct TcGather {
   }
 };
 
-// The persistent loop of the tensor-core kernels (T = TcGather, TcStaged or
-// TcDotStaged, P their parameters: ptr, num_rows, num_edges and the output
-// `out` of TcGatherParams), with scan(acc, first, n, rlo, rhi, xrow, skip)
-// the kernel's walk over the entries [first, first + n) (see TcGather::scan);
-// xrow is the row of tile row g (phase 2; -1 past the last row) or the long
-// row (phase 1, every lane), which only the backward's dots use.
-// Phase 1: the long rows, one at a time per block; warp w sums slice w in
-// B's column 0 (tile row 0: the lanes of g = 0 load the weights), which the
-// lanes of c = 0 hold, and the slices are added in warp order through `red`.
-// Phase 2: tiles of 8 rows, one a warp, from an atomic counter (tc_tiles).
-template <typename T, typename P, typename Scan>
-__device__ __forceinline__ void tc_tiles(const P& p, unsigned long long* counter,
-                                         int64_t long_threshold, Scan&& scan);
-
-template <typename T, typename P, typename Scan>
-__device__ __forceinline__ void tc_run(const P& p, const WorkList& wl, float (*red)[128],
-                                       Scan&& scan) {
-  using scalar_t = typename T::scalar_type;
-  using off_t = typename T::off_t;
-  constexpr int kWarps = kThreads / 32, kHD = 128;
-  __shared__ unsigned long long s_item;
-  const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
-  auto no_skip = [](off_t e) { return e; };
-
-  const int64_t num_long = static_cast<int64_t>(wl.counters[0]);
-  for (;;) {
-    if (threadIdx.x == 0) s_item = atomicAdd(&wl.counters[1], 1ull);
-    __syncthreads();
-    const int64_t item = static_cast<int64_t>(s_item);
-    __syncthreads();
-    if (item >= num_long) break;
-    const int64_t r = wl.long_rows[item];
-    int64_t lo, hi, slo, shi;
-    row_range(p.ptr, r, p.num_edges, lo, hi);
-    group_slice(lo, hi, warp, kWarps, slo, shi);
-    typename T::Acc acc;
-    tc_zero(acc);
-    const off_t n = static_cast<off_t>(shi - slo);
-    scan(acc, slo, n, off_t{0}, g == 0 ? n : off_t{0}, r, no_skip);
-    if (c == 0) T::column0(acc, red[warp], g);
-    __syncthreads();
-    for (int q = threadIdx.x; q < kHD; q += kThreads) {
-      float sum = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) sum += red[w][q];
-      p.out[r * kHD + q] = static_cast<scalar_t>(sum);
-    }
-    __syncthreads();
-  }
-  tc_tiles<T>(p, &wl.counters[2], wl.long_threshold, scan);
-}
-
 // tc_run's phase 2 (also the sliced backward's, tensor_core_backward.cuh):
 // tiles of 8 rows, one a warp, from the atomic `counter`; rows of more than
 // long_threshold entries are skipped (summed elsewhere).
@@ -408,6 +356,54 @@ __device__ __forceinline__ void tc_tiles(const P& p, unsigned long long* counter
   }
 }
 
+// The persistent loop of the tensor-core kernels (T = TcGather, TcStaged or
+// TcDotStaged, P their parameters: ptr, num_rows, num_edges and the output
+// `out` of TcGatherParams), with scan(acc, first, n, rlo, rhi, xrow, skip)
+// the kernel's walk over the entries [first, first + n) (see TcGather::scan);
+// xrow is the row of tile row g (phase 2; -1 past the last row) or the long
+// row (phase 1, every lane), which only the backward's dots use.
+// Phase 1: the long rows, one at a time per block; warp w sums slice w in
+// B's column 0 (tile row 0: the lanes of g = 0 load the weights), which the
+// lanes of c = 0 hold, and the slices are added in warp order through `red`.
+// Phase 2: tiles of 8 rows, one a warp, from an atomic counter (tc_tiles).
+template <typename T, typename P, typename Scan>
+__device__ __forceinline__ void tc_run(const P& p, const WorkList& wl, float (*red)[128],
+                                       Scan&& scan) {
+  using scalar_t = typename T::scalar_type;
+  using off_t = typename T::off_t;
+  constexpr int kWarps = kThreads / 32, kHD = 128;
+  __shared__ unsigned long long s_item;
+  const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
+  auto no_skip = [](off_t e) { return e; };
+
+  const int64_t num_long = static_cast<int64_t>(wl.counters[0]);
+  for (;;) {
+    if (threadIdx.x == 0) s_item = atomicAdd(&wl.counters[1], 1ull);
+    __syncthreads();
+    const int64_t item = static_cast<int64_t>(s_item);
+    __syncthreads();
+    if (item >= num_long) break;
+    const int64_t r = wl.long_rows[item];
+    int64_t lo, hi, slo, shi;
+    row_range(p.ptr, r, p.num_edges, lo, hi);
+    group_slice(lo, hi, warp, kWarps, slo, shi);
+    typename T::Acc acc;
+    tc_zero(acc);
+    const off_t n = static_cast<off_t>(shi - slo);
+    scan(acc, slo, n, off_t{0}, g == 0 ? n : off_t{0}, r, no_skip);
+    if (c == 0) T::column0(acc, red[warp], g);
+    __syncthreads();
+    for (int q = threadIdx.x; q < kHD; q += kThreads) {
+      float sum = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) sum += red[w][q];
+      p.out[r * kHD + q] = static_cast<scalar_t>(sum);
+    }
+    __syncthreads();
+  }
+  tc_tiles<T>(p, &wl.counters[2], wl.long_threshold, scan);
+}
+
 template <typename scalar_t, typename index_t, int kH>
 __global__ void __launch_bounds__(kThreads, PMA_TC_MIN_BLOCKS)
     tc_gather_kernel(const TcGatherParams<scalar_t, index_t> p, const WorkList wl) {
@@ -462,15 +458,26 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& a0, uint32_t& a1,
-                                                  uint32_t& a2, uint32_t& a3) {
+// Four 8x8 matrices of 2-byte values from shared memory, lane l giving the
+// address of row l & 7 of matrix l >> 3; register j holds matrix j (kTrans:
+// transposed), lane (g, c) its row g, columns 2c and 2c + 1.
+#define PMA_LDMATRIX_X4(TRANS)                                                        \
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4" TRANS ".shared.b16 {%0, %1, %2, %3}, [%4];\n" \
+               : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)                               \
+               : "r"(addr)                                                            \
+               : "memory")
+template <bool kTrans>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& a0, uint32_t& a1,
+                                            uint32_t& a2, uint32_t& a3) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
-               : "r"(addr)
-               : "memory");
+  if constexpr (kTrans) {
+    PMA_LDMATRIX_X4(".trans");
+  } else {
+    PMA_LDMATRIX_X4("");
+  }
 #endif
 }
+#undef PMA_LDMATRIX_X4
 
 template <typename scalar_t, typename index_t, int kH>
 struct TcStaged {
@@ -560,7 +567,7 @@ struct TcStaged {
         for (int tt = 0; tt < kD / 16; ++tt) {
           const int t = h * (kD / 16) + tt;
           uint32_t a0, a1, a2, a3;
-          ldmatrix_x4_trans(stage + (lm_off ^ (32u * t)), a0, a1, a2, a3);
+          ldmatrix_x4<true>(stage + (lm_off ^ (32u * t)), a0, a1, a2, a3);
           Mma16816<scalar_t>::run(acc[t], a0, a1, a2, a3, b0, b1);
         }
       }
