@@ -460,6 +460,51 @@ def test_tensor_core_forward_malformed_and_unaligned(index_dtype, monkeypatch):
                      f"weight offset {w_off}, x offset {x_off}")
 
 
+def cuda_kernel_names(fn):
+    """The names of the CUDA kernels that fn() launches (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.key for e in prof.key_averages()]
+
+
+@pytest.mark.parametrize("heads,channels", TC_HEADS)
+def test_tensor_core_kernels_are_the_ones_that_run(heads, channels, monkeypatch):
+    """The other tensor-core tests compare results, which the register
+    kernels would pass too if a launcher stepped aside: by kernel name,
+    PYG_MULTIHEAD_AGG_TENSOR_CORES=1 runs the tensor-core forward (the staged
+    or the register kernel, as PYG_MULTIHEAD_AGG_TC_STAGED asks) and the
+    tensor-core backward, 0 none of them, and unset (14 entries a row) both,
+    the staged forward for heads of 32 and 64 channels."""
+    gen = torch.Generator().manual_seed(heads)
+    rowptr, col = random_graph(300, 200, 300 * 14, gen)
+    weight, x, grad_out = make_values(rowptr, col, 200, heads, channels, torch.bfloat16, gen)
+    rowptr, col = rowptr.cuda().int(), col.cuda().int()
+    colptr, row, perm = csr_to_csc(rowptr, col, 200)
+
+    def run():
+        ops.multihead_spmm(rowptr, col, weight, x)
+        ops.multihead_spmm_backward_csc(colptr, row, perm, weight, x, grad_out)
+
+    kinds = {"register": "tc_gather_kernel<", "staged": "tc_gather_staged_kernel<",
+             "backward": "tc_dot_gather_kernel<"}
+    default_forward = "staged" if heads <= 4 else "register"
+    for mode, staged, expected in (("1", "1", {"staged", "backward"}),
+                                   ("1", "0", {"register", "backward"}),
+                                   ("0", "1", set()),
+                                   (None, None, {default_forward, "backward"})):
+        for name, value in (("PYG_MULTIHEAD_AGG_TENSOR_CORES", mode),
+                            ("PYG_MULTIHEAD_AGG_TC_STAGED", staged)):
+            if value is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, value)
+        names = cuda_kernel_names(run)
+        ran = {kind for kind, key in kinds.items() if any(key in n for n in names)}
+        assert ran == expected, (mode, staged, sorted(ran), names)
+
+
 def transposed_too(graphs):
     """Each (index dtype, (rowptr, col, num_src)) and its transpose, so that
     the backward's CSC has the graph's rows (every length around the chunks
