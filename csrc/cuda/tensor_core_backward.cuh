@@ -56,7 +56,7 @@ struct TcDotParams : TcGatherParams<scalar_t, index_t> {
 
 // 16 grad_out rows (4 KB) and 16 weight rows (at most 16 bytes each) a
 // stage, PMA_TC_DOT_STAGES stages a warp. Three (two chunks in flight a
-// warp, 104 KB of ring a block) measured 4-7% slower than two in session
+// warp, 104 KB of ring a block) measured 1-7% slower than two in session
 // 17's call 3 (bf16 `spmm_bwd_inv` 0.229 / 6.55 / 3.68 ms against 0.217 /
 // 6.46 / 3.43 on arxiv- / products- / reddit-like): the bytes in flight do
 // not bound it.
