@@ -110,6 +110,20 @@ struct Mma16816 {
 
 // Both kernels hold 8 tiles of 16 features (H * D = 128) x 8 tile rows: per
 // lane, tile t's C fragment acc[t][0..3].
+
+// The tile rows a lane stores (its C columns 2c and 2c + 1): fn(rr, r) for
+// rr = 0, 1 and row r = r0 + 2c + rr, those below num_rows and not long.
+template <typename Fn>
+__device__ __forceinline__ void tc_for_stored_rows(int64_t r0, int64_t num_rows,
+                                                   unsigned long_bits, int c, Fn&& fn) {
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int n_row = 2 * c + rr;
+    const int64_t r = r0 + n_row;
+    if (r >= num_rows || ((long_bits >> (4 * n_row)) & 1u)) continue;
+    fn(rr, r);
+  }
+}
 using TcAcc = float[8][4];
 
 __device__ __forceinline__ void tc_zero(TcAcc& acc) {
@@ -248,11 +262,7 @@ struct TcGather {
   static __device__ __forceinline__ void store_rows(const Acc& acc, scalar_t* out, int64_t r0,
                                                     int64_t num_rows, unsigned long_bits, int g,
                                                     int c) {
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      const int n_row = 2 * c + rr;
-      const int64_t r = r0 + n_row;
-      if (r >= num_rows || ((long_bits >> (4 * n_row)) & 1u)) continue;
+    tc_for_stored_rows(r0, num_rows, long_bits, c, [&](int rr, int64_t r) {
       scalar_t* o = out + r * kHD + g * kF;
 #pragma unroll
       for (int h = 0; h < kH; ++h) {
@@ -264,7 +274,7 @@ struct TcGather {
         }
         store_vec<scalar_t, kF>(o + h * kD, v);
       }
-    }
+    });
   }
 
   // Row r one entry at a time (the tile's fallback for non-finite values):
@@ -599,18 +609,14 @@ struct TcStaged {
   static __device__ __forceinline__ void store_rows(const Acc& acc, scalar_t* out, int64_t r0,
                                                     int64_t num_rows, unsigned long_bits, int g,
                                                     int c) {
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      const int n_row = 2 * c + rr;
-      const int64_t r = r0 + n_row;
-      if (r >= num_rows || ((long_bits >> (4 * n_row)) & 1u)) continue;
+    tc_for_stored_rows(r0, num_rows, long_bits, c, [&](int rr, int64_t r) {
       scalar_t* o = out + r * kHD + g;
 #pragma unroll
       for (int t = 0; t < 8; ++t) {
         o[16 * t] = static_cast<scalar_t>(acc[t][rr]);
         o[16 * t + 8] = static_cast<scalar_t>(acc[t][2 + rr]);
       }
-    }
+    });
   }
 };
 
