@@ -144,6 +144,8 @@ def bench_dtype(g, csc, dtype, device, ncu, profile=False, check=True):
     calls = {
         "spmm_fwd": lambda: _ops.multihead_spmm(g.rowptr, g.col, w, x),
         "spmm_bwd_csc": lambda: _ops.multihead_spmm_backward_csc(colptr, row, perm, w, x, grad),
+        # grad_x alone (weights that need no gradient)
+        "spmm_bwd_x": lambda: _ops.multihead_spmm_backward_csc(colptr, row, perm, w, None, grad),
         "gat_fwd": lambda: _ops.gat_attention(g.rowptr, g.col, s_src, s_dst, None, x, 0.2, 0.0,
                                               None),
         "gat_bwd": lambda: _ops.gat_attention_backward(
@@ -175,6 +177,9 @@ def bench_dtype(g, csc, dtype, device, ncu, profile=False, check=True):
         inv_errs = check_fused(g, x, s_src, s_dst, grad, out, calls["gat_bwd_inv"]())
         enforce(inv_errs, dtype, f"{g.name} gat (perm_inv)", check)
     spmm_errs = check_spmm(g, csc, w, x, grad, calls["spmm_fwd"](), calls["spmm_bwd_csc"]())
+    gx_alone = calls["spmm_bwd_x"]()[0]
+    spmm_errs["grad_x_alone"] = check_spmm(g, csc, w, x, grad, calls["spmm_fwd"](),
+                                           (gx_alone, calls["spmm_bwd_csc"]()[1]))["grad_x"]
     print(f"{g.name:14s} {dt:9s} spmm rel err {spmm_errs}", flush=True)
     if spmm_inv:  # the same sums, stored elsewhere first: bitwise equal
         same = all(torch.equal(a, b) for a, b in zip(calls["spmm_bwd_csc"](),

@@ -164,11 +164,11 @@ selection() {
       "${SORTED[@]}" "${PERMINV[@]}" "${TC[@]}" "${MALFORMED[@]}";;
     memcheck_large) echo "tests/test_large_index.py::test_many_source_rows[4-64-index_dtype0]";;
     racecheck) echo "${HUB[@]}" "${SMALL[0]}" "${SMALL[2]}" "${GAT[@]:1:2}" "${GAT[@]:4:2}" \
-      "${SORTED[@]:0:1}" "${PERMINV[@]:0:2}" "${TC[@]:0:2}";;
+      "${SORTED[@]:0:1}" "${PERMINV[@]:0:2}" "${TC[@]:0:2}" "${TC[@]:5:1}";;
     initcheck) echo "${SMALL[@]:0:3}" "${NARROW[0]}" "${HUB[0]}" \
       "$K::test_malformed_graphs_do_not_fault" "${GAT[@]}" "${TRANSPOSED[@]}";;
     synccheck) echo "${SMALL[@]:0:3}" "${NARROW[0]}" "${HUB[@]}" "${GAT[@]}" "${TRANSPOSED[@]}" \
-      "${SORTED[@]}" "${PERMINV[@]:0:4}" "${TC[@]:0:3}";;
+      "${SORTED[@]}" "${PERMINV[@]:0:4}" "${TC[@]:0:3}" "${TC[@]:5:1}";;
   esac
 }
 

@@ -107,6 +107,7 @@ def check_all_ops(rowptr, col, weight, x, grad_out, dtype):
     gx, gw = ops.multihead_spmm_backward_csc(colptr, row, perm, weight, x, grad_out)
     assert_close(gx, ref_gx, dtype, "backward_csc grad_x")
     assert_close(gw, ref_gw, dtype, "backward_csc grad_weight")
+    poison((num_src, H, D), dtype, "cuda")
     gx_only, gw_empty = ops.multihead_spmm_backward_csc(colptr, row, perm, weight, None, grad_out)
     assert_close(gx_only, ref_gx, dtype, "backward_csc grad_x only")
     assert gw_empty.shape == (0, H)
@@ -134,9 +135,12 @@ def check_all_ops(rowptr, col, weight, x, grad_out, dtype):
         assert torch.equal(gx_inv, gx_w) and torch.equal(gw_inv, gw_w), \
             "perm_inv: not bitwise equal"
         poison((num_src, H, D), dtype, "cuda")
+        gx_only_w, _ = ops.multihead_spmm_backward_csc(colptr, row, perm, w, None, grad_out)
+        assert_close(gx_only_w, ref_gx, dtype, "backward_csc grad_x only, weight view")
+        poison((num_src, H, D), dtype, "cuda")
         gx_inv, _ = ops.multihead_spmm_backward_csc(colptr, row, perm, w, None, grad_out,
                                                     perm_inv)
-        assert torch.equal(gx_inv, gx_only), "perm_inv, grad_x only: not bitwise equal"
+        assert torch.equal(gx_inv, gx_only_w), "perm_inv, grad_x only: not bitwise equal"
     poison((E, H), dtype, "cuda")
     _, gw_only_inv = ops.multihead_spmm_backward_csc(colptr, row, perm, None, x, grad_out,
                                                      perm_inv)
@@ -474,35 +478,46 @@ def test_tensor_core_kernels_are_the_ones_that_run(heads, channels, monkeypatch)
     """The other tensor-core tests compare results, which the register
     kernels would pass too if a launcher stepped aside: by kernel name,
     PYG_MULTIHEAD_AGG_TENSOR_CORES=1 runs the tensor-core forward (the staged
-    or the register kernel, as PYG_MULTIHEAD_AGG_TC_STAGED asks) and the
-    tensor-core backward, 0 none of them, and unset (14 entries a row) both,
-    the staged forward for heads of 32 and 64 channels."""
+    or the register kernel, as PYG_MULTIHEAD_AGG_TC_STAGED asks), the
+    tensor-core backward of both gradients and the one of grad_x alone, 0 none
+    of them, and unset (14 entries a row) all, the staged forward for heads of
+    32 and 64 channels; unset with 100 entries a row, the forward keeps its
+    register kernels, and the backwards (of 20 entries a CSC row) do not."""
     gen = torch.Generator().manual_seed(heads)
-    rowptr, col = random_graph(300, 200, 300 * 14, gen)
-    weight, x, grad_out = make_values(rowptr, col, 200, heads, channels, torch.bfloat16, gen)
-    rowptr, col = rowptr.cuda().int(), col.cuda().int()
-    colptr, row, perm = csr_to_csc(rowptr, col, 200)
-
-    def run():
-        ops.multihead_spmm(rowptr, col, weight, x)
-        ops.multihead_spmm_backward_csc(colptr, row, perm, weight, x, grad_out)
-
-    kinds = {"register": "tc_gather_kernel<", "staged": "tc_gather_staged_kernel<",
-             "backward": "tc_dot_gather_kernel<"}
+    # (The profiler names a kernel with its signature: "k<T, int, 4, true>(...)".)
+    kinds = {"register": ("tc_gather_kernel<", ""), "staged": ("tc_gather_staged_kernel<", ""),
+             "backward": ("tc_dot_gather_kernel<", ", true>("),
+             "grad_x": ("tc_dot_gather_kernel<", ", false>(")}
     default_forward = "staged" if heads <= 4 else "register"
-    for mode, staged, expected in (("1", "1", {"staged", "backward"}),
-                                   ("1", "0", {"register", "backward"}),
-                                   ("0", "1", set()),
-                                   (None, None, {default_forward, "backward"})):
-        for name, value in (("PYG_MULTIHEAD_AGG_TENSOR_CORES", mode),
-                            ("PYG_MULTIHEAD_AGG_TC_STAGED", staged)):
-            if value is None:
-                monkeypatch.delenv(name, raising=False)
-            else:
-                monkeypatch.setenv(name, value)
-        names = cuda_kernel_names(run)
-        ran = {kind for kind, key in kinds.items() if any(key in n for n in names)}
-        assert ran == expected, (mode, staged, sorted(ran), names)
+    for num_rows, num_src, num_edges, cases in (
+            (300, 200, 300 * 14, (("1", "1", {"staged", "backward", "grad_x"}),
+                                  ("1", "0", {"register", "backward", "grad_x"}),
+                                  ("0", "1", set()),
+                                  (None, None, {default_forward, "backward", "grad_x"}))),
+            (20, 100, 2000, ((None, None, {"backward", "grad_x"}),))):
+        rowptr, col = random_graph(num_rows, num_src, num_edges, gen)
+        weight, x, grad_out = make_values(rowptr, col, num_src, heads, channels,
+                                          torch.bfloat16, gen)
+        rowptr, col = rowptr.cuda().int(), col.cuda().int()
+        colptr, row, perm = csr_to_csc(rowptr, col, num_src)
+
+        def run(rowptr=rowptr, col=col, colptr=colptr, row=row, perm=perm, weight=weight, x=x,
+                grad_out=grad_out):
+            ops.multihead_spmm(rowptr, col, weight, x)
+            ops.multihead_spmm_backward_csc(colptr, row, perm, weight, x, grad_out)
+            ops.multihead_spmm_backward_csc(colptr, row, perm, weight, None, grad_out)
+
+        for mode, staged, expected in cases:
+            for name, value in (("PYG_MULTIHEAD_AGG_TENSOR_CORES", mode),
+                                ("PYG_MULTIHEAD_AGG_TC_STAGED", staged)):
+                if value is None:
+                    monkeypatch.delenv(name, raising=False)
+                else:
+                    monkeypatch.setenv(name, value)
+            names = cuda_kernel_names(run)
+            ran = {kind for kind, (key, end) in kinds.items()
+                   if any(key in n and end in n for n in names)}
+            assert ran == expected, (num_edges, mode, staged, sorted(ran), names)
 
 
 def transposed_too(graphs):
@@ -533,9 +548,11 @@ def test_tensor_core_backward(heads, channels, dtype, monkeypatch):
     (PYG_MULTIHEAD_AGG_TENSOR_CORES=1; tensor_core_backward.cuh) and on the
     dot-gather kernel (0) match the float64 reference, int32 and int64, with
     grad_weight stored by edge id and by CSC entry (perm_inv), poisoned
-    outputs, long CSC rows (summed block-wide) and empty ones; each is
+    outputs, long CSC rows (cut into slices) and empty ones; each is
     bitwise reproducible, and perm_inv changes no bit. Unset, the variable
-    picks one of them."""
+    picks one of them. grad_x alone (no x: its kernel without the dots, or
+    the register gather over the CSC) matches too, and on the tensor cores
+    equals the grad_x of both bit for bit."""
     gen = torch.Generator().manual_seed(heads * 7 + channels)
     for index_dtype, (rowptr, col, num_src) in transposed_too(tile_graphs(gen)):
         weight, x, grad_out = make_values(rowptr, col, num_src, heads, channels, dtype, gen)
@@ -558,6 +575,12 @@ def test_tensor_core_backward(heads, channels, dtype, monkeypatch):
             assert torch.equal(gx_inv, gx) and torch.equal(gw_inv, gw), f"perm_inv, {what}"
             again = backward_both(colptr, row, perm, weight, x, grad_out, perm_inv, num_src)
             assert torch.equal(again[0], gx) and torch.equal(again[1], gw), f"repeat, {what}"
+            gx_only, gw_none = backward_both(colptr, row, perm, weight, None, grad_out, None,
+                                             num_src)
+            assert gw_none.numel() == 0
+            assert_close(gx_only, ref_gx, dtype, f"grad_x alone, {what}")
+            if mode == "1":
+                assert torch.equal(gx_only, gx), f"grad_x alone, {what}"
 
 
 @pytest.mark.parametrize("index_dtype", INDICES)
@@ -583,15 +606,17 @@ def test_tensor_core_backward_non_finite(dtype, index_dtype, monkeypatch):
         ref_gw = reference_sddmm(rowptr, col, grad_out, x)
         rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
         colptr, row, perm = csr_to_csc(rowptr, col, num_src)
+        gx_only, _ = backward_both(colptr, row, perm, weight, None, grad_out, None, num_src)
         for inv in (None, invert_perm(perm)):
             gx, gw = backward_both(colptr, row, perm, weight, x, grad_out, inv, num_src)
-            for name, out, ref in (("grad_x", gx, ref_gx), ("grad_weight", gw, ref_gw)):
+            for name, out, ref in (("grad_x", gx, ref_gx), ("grad_weight", gw, ref_gw),
+                                   ("grad_x alone", gx_only, ref_gx)):
                 out = out.double().cpu()
                 assert 0 < int((~torch.isfinite(ref)).sum()) < ref.numel(), name
                 assert torch.equal(torch.isnan(out), torch.isnan(ref)), name
                 assert torch.equal(out[torch.isinf(ref)], ref[torch.isinf(ref)]), name
                 good = torch.isfinite(ref)
-                if name == "grad_x":  # rows without a non-finite value
+                if name.startswith("grad_x"):  # rows without a non-finite value
                     good = good.all(-1).all(-1)
                 assert_close(out[good].to(dtype), ref[good], dtype, f"finite {name}")
 
@@ -617,6 +642,7 @@ def test_tensor_core_backward_malformed_and_unaligned(index_dtype, monkeypatch):
                               (num_dst, heads, channels)))
             for inv in (None, torch.arange(num_edges, device="cuda").to(index_dtype)):
                 ops.multihead_spmm_backward_csc(colptr, row, bad_perm, weight, x, grad_out, inv)
+            ops.multihead_spmm_backward_csc(colptr, row, bad_perm, weight, None, grad_out)
     torch.cuda.synchronize()
     rowptr, col = power_law_graph(100, 80, gen, hub_degree=500)
     weight, x, grad_out = make_values(rowptr, col, 80, 4, 32, torch.bfloat16, gen)
@@ -633,6 +659,8 @@ def test_tensor_core_backward_malformed_and_unaligned(index_dtype, monkeypatch):
         what = f"weight offset {w_off}, x offset {x_off}"
         assert_close(gx, ref_gx, torch.bfloat16, f"grad_x, {what}")
         assert_close(gw, ref_gw, torch.bfloat16, f"grad_weight, {what}")
+        gx, _ = backward_both(colptr, row, perm, w, None, grad_out, None, 80)
+        assert_close(gx, ref_gx, torch.bfloat16, f"grad_x alone, {what}")
 
 
 @pytest.mark.parametrize("name,value,expected", [
@@ -649,6 +677,8 @@ def test_tensor_core_backward_malformed_and_unaligned(index_dtype, monkeypatch):
     ("PYG_MULTIHEAD_AGG_TENSOR_CORES", "2", "0 or 1"),
     ("PYG_MULTIHEAD_AGG_TENSOR_CORES", "auto", "0 or 1"),
     ("PYG_MULTIHEAD_AGG_TC_STAGED", "2", "0 or 1"),
+    ("PYG_MULTIHEAD_AGG_SLICE_SCALE", "3", "1, 2, 4, 8 or 16"),
+    ("PYG_MULTIHEAD_AGG_SLICE_SCALE", "0", "1, 2, 4, 8 or 16"),
 ])
 def test_tuning_flags_are_checked(name, value, expected, monkeypatch):
     """A bad value of a tuning variable raises, naming it and what it must be,
@@ -662,6 +692,9 @@ def test_tuning_flags_are_checked(name, value, expected, monkeypatch):
         if name in ("PYG_MULTIHEAD_AGG_SPLIT_ROWS", "PYG_MULTIHEAD_AGG_TENSOR_CORES",
                     "PYG_MULTIHEAD_AGG_TC_STAGED"):
             ops.multihead_spmm(rowptr, col, weight, x)
+        elif name == "PYG_MULTIHEAD_AGG_SLICE_SCALE":
+            colptr, row, perm = csr_to_csc(rowptr, col, 20)
+            ops.multihead_spmm_backward_csc(colptr, row, perm, weight, x, grad_out)
         else:
             ops.multihead_sddmm(rowptr, col, grad_out, x)
 

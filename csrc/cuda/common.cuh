@@ -1027,7 +1027,11 @@ SliceList make_slice_list(const index_t* ptr, int64_t num_rows, int64_t num_edge
   auto stream = c10::cuda::getCurrentCUDAStream();
   SliceList sl;
   sl.num_rows = num_rows;
-  sl.long_threshold = long_threshold(num_edges);
+  // PYG_MULTIHEAD_AGG_SLICE_SCALE (1, 2, 4, 8 or 16; default 1): the long
+  // rows' threshold and slice length of the backwards, in multiples of the
+  // work lists' (an A/B knob: fewer, longer slices write fewer partial rows).
+  sl.long_threshold =
+      long_threshold(num_edges) * env_int("PYG_MULTIHEAD_AGG_SLICE_SCALE", 1, {1, 2, 4, 8, 16});
   sl.slice_len = sl.long_threshold;
   sl.sort_fetch = sort_fetch_enabled();
   const int64_t max_long = max_long_rows(sl, num_edges);

@@ -316,9 +316,10 @@ __global__ void __launch_bounds__(kThreads, gather_min_blocks<kS>())
 //     dot_out[e, h] = <rowval[r, h, :], g[h, :]>                      (all h)
 //     acc_out[r]   += weight[e, h] * g[h, :]        (when weight is given)
 // The backward over the CSC (rowval = x, gathered = grad_out, perm) computes
-// grad_weight and grad_x in one pass; the SDDMM over the CSR (rowval = a,
-// gathered = b, no perm, no weight) computes its output. rowval[r] is loaded
-// once per row (per chunk) into registers.
+// grad_weight and grad_x in one pass, or grad_x alone (no rowval, no
+// dot_out); the SDDMM over the CSR (rowval = a, gathered = b, no perm, no
+// weight) computes its output. rowval[r] is loaded once per row (per chunk)
+// into registers.
 // Needs D / V to be a power of two: a head's vectors then fill S = min(D / V, G)
 // aligned lanes (for a fixed k), and its dot is a butterfly over S lanes.
 // ---------------------------------------------------------------------------
@@ -390,7 +391,7 @@ __device__ __forceinline__ void dot_step(at::opmath_type<scalar_t> (&acc)[VPL][V
       // group-uniform. Vectors k that share a head were summed into `run`.
       if (last[k]) {
         for (int off = p.S >> 1; off > 0; off >>= 1) run += __shfl_xor_sync(mask, run, off);
-        if (leader && m.valid[k] && e_ok[u]) {
+        if (leader && m.valid[k] && e_ok[u] && p.dot_out != nullptr) {
           const int64_t out_row = p.dot_by_entry ? e0 + u : static_cast<int64_t>(e[u]);
           p.dot_out[out_row * p.H + m.head[k]] = static_cast<scalar_t>(run);
         }
@@ -410,8 +411,9 @@ __device__ __forceinline__ void dot_entries(at::opmath_type<scalar_t> (&acc)[VPL
   bool last[VPL];
 #pragma unroll
   for (int k = 0; k < VPL; ++k) {
-    rv[k] = m.valid[k] ? load_vec<scalar_t, V>(p.rowval + r * p.HD + m.feat[k])
-                       : zero_vec<scalar_t, V>();
+    rv[k] = m.valid[k] && p.dot_out != nullptr
+                ? load_vec<scalar_t, V>(p.rowval + r * p.HD + m.feat[k])
+                : zero_vec<scalar_t, V>();
 #pragma unroll
     for (int v = 0; v < V; ++v) acc[k][v] = 0;
     // Heads span G * k-consecutive vectors only when D / V >= G, and then the
@@ -451,9 +453,11 @@ __device__ __forceinline__ void dot_entries_transposed(at::opmath_type<scalar_t>
   const IndexBound<index_t> gathered_ok(p.num_gathered), edge_ok(p.num_edges);
   const scalar_t* gathered = p.gathered + m.feat[0];
   const scalar_t* weight = with_weight ? p.weight + h : p.weight;
-  scalar_t* dot_out = p.dot_out + h;
-  const Vec<scalar_t, V> rv = valid ? load_vec<scalar_t, V>(p.rowval + r * p.HD + m.feat[0])
-                                    : zero_vec<scalar_t, V>();
+  const bool with_dots = p.dot_out != nullptr;
+  scalar_t* dot_out = with_dots ? p.dot_out + h : p.dot_out;
+  const Vec<scalar_t, V> rv = valid && with_dots
+                                  ? load_vec<scalar_t, V>(p.rowval + r * p.HD + m.feat[0])
+                                  : zero_vec<scalar_t, V>();
 #pragma unroll
   for (int v = 0; v < V; ++v) acc[0][v] = 0;
   // A step's indices (StepIndices), one step ahead with 32-bit ones: the
@@ -504,7 +508,7 @@ __device__ __forceinline__ void dot_entries_transposed(at::opmath_type<scalar_t>
     transpose_round<1, kS>(d, q, mask);
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
-      if (!ok[s]) continue;
+      if (!ok[s] || !with_dots) continue;
       if (p.dot_by_entry) {  // uniform
         dot_out[(lo + k0 + s * kS + q) * H] = static_cast<scalar_t>(d[s * kS]);
       } else {
@@ -844,7 +848,8 @@ void launch_gather(GatherParams<scalar_t, index_t> p, const at::TensorOptions& o
 
 // Launches the dot-gather kernel when its fast path applies (16-byte vectors,
 // D / V a power of two, heads not cut by feature chunks); returns false
-// otherwise. With weight == nullptr only dot_out is written.
+// otherwise. With weight == nullptr only dot_out is written; with dot_out ==
+// nullptr (and rowval, not read then) only acc_out.
 template <typename scalar_t, typename index_t>
 bool try_launch_dot_gather(DotParams<scalar_t, index_t> p, const at::TensorOptions& options) {
   constexpr int kVec = vec_width<scalar_t>();
@@ -894,16 +899,20 @@ bool try_launch_dot_gather(DotParams<scalar_t, index_t> p, const at::TensorOptio
   return true;
 }
 
-// Both gradients of the spmm backward of 2-byte types on the tensor cores
+// The spmm backward of 2-byte types on the tensor cores
 // (tensor_core_backward.cuh) when it applies: H * D = 128 with H = 2, 4 or 8,
-// a weight and x (both gradients), 16-byte aligned grad_out, x and grad_x,
-// weight and dot rows aligned to their 2 * H bytes, and a kernel built for
-// sm_80 or newer. PYG_MULTIHEAD_AGG_TENSOR_CORES=0 never takes it; otherwise
-// it is taken whenever it applies: session 17 (H200, bf16, 4 x 32, with
+// a weight (grad_x), 16-byte aligned grad_out and grad_x, weight rows aligned
+// to their 2 * H bytes, and a kernel built for sm_80 or newer; with x (both
+// gradients) also x 16-byte aligned and dot rows aligned to 2 * H bytes.
+// PYG_MULTIHEAD_AGG_TENSOR_CORES=0 never takes it; otherwise it is taken
+// whenever it applies. Both gradients: session 17 (H200, bf16, 4 x 32, with
 // perm_inv, against the dot-gather kernel in the same run) measured
 // arxiv-like 0.285 -> 0.217 ms, products-like 7.18 -> 6.46, reddit-like
 // (200 entries a row, where the forward keeps the register kernels) 4.25 ->
-// 3.43. Returns whether it launched.
+// 3.43. grad_x alone (the staged SpMM over the CSC without the dots), against
+// the register gather over the CSC, whose hubs run block-wide (session 18,
+// call 1): 0.337 -> 0.164, 6.00 -> 4.91, 5.91 -> 2.46 ms. Returns whether
+// it launched.
 template <typename scalar_t, typename index_t>
 bool try_launch_tc_dot_gather(const DotParams<scalar_t, index_t>& p,
                               const at::TensorOptions& options) {
@@ -911,12 +920,15 @@ bool try_launch_tc_dot_gather(const DotParams<scalar_t, index_t>& p,
     return false;
   } else {
     const int64_t mode = env_int("PYG_MULTIHEAD_AGG_TENSOR_CORES", -1, {0, 1});
+    const bool dots = p.dot_out != nullptr;
     if (mode == 0) return false;
     if (p.HD != 128 || (p.H != 2 && p.H != 4 && p.H != 8)) return false;
-    if (p.perm == nullptr || p.weight == nullptr || p.acc_out == nullptr || p.dot_out == nullptr)
+    if (p.perm == nullptr || p.weight == nullptr || p.acc_out == nullptr) return false;
+    if (!is_aligned(p.gathered, 16) || !is_aligned(p.acc_out, 16) ||
+        !is_aligned(p.weight, 2 * p.H))
       return false;
-    if (!is_aligned(p.gathered, 16) || !is_aligned(p.rowval, 16) || !is_aligned(p.acc_out, 16) ||
-        !is_aligned(p.weight, 2 * p.H) || !is_aligned(p.dot_out, 2 * p.H))
+    if (dots && (p.rowval == nullptr || !is_aligned(p.rowval, 16) ||
+                 !is_aligned(p.dot_out, 2 * p.H)))
       return false;
     TcDotParams<scalar_t, index_t> t{};
     t.ptr = p.ptr;
@@ -931,9 +943,12 @@ bool try_launch_tc_dot_gather(const DotParams<scalar_t, index_t>& p,
     t.rowval = p.rowval;
     t.dot_out = p.dot_out;
     t.by_entry = p.dot_by_entry;
-    auto kernel = p.H == 2   ? tc_dot_gather_kernel<scalar_t, index_t, 2>
-                  : p.H == 4 ? tc_dot_gather_kernel<scalar_t, index_t, 4>
-                             : tc_dot_gather_kernel<scalar_t, index_t, 8>;
+    auto kernel = !dots    ? (p.H == 2   ? tc_dot_gather_kernel<scalar_t, index_t, 2, false>
+                              : p.H == 4 ? tc_dot_gather_kernel<scalar_t, index_t, 4, false>
+                                         : tc_dot_gather_kernel<scalar_t, index_t, 8, false>)
+                  : p.H == 2 ? tc_dot_gather_kernel<scalar_t, index_t, 2, true>
+                  : p.H == 4 ? tc_dot_gather_kernel<scalar_t, index_t, 4, true>
+                             : tc_dot_gather_kernel<scalar_t, index_t, 8, true>;
     const size_t smem = static_cast<size_t>(kThreads / 32) * kTcDotStages * kTcDotStageBytes;
     if (!tc_launch_info(kernel, smem).built) return false;
     // Long rows in slices (SliceList), their partial grad_x rows summed by
@@ -1078,6 +1093,14 @@ std::tuple<at::Tensor, at::Tensor> multihead_spmm_backward_csc_cuda(
         if (by_entry) launch_gather_rows<index_t>(dots, inv_c, grad_weight);
         return;
       }
+      // grad_x alone: the same kernels without the dots (rowval and dot_out
+      // null), whose long CSC rows are sliced; the register gather below runs
+      // them block-wide (session 18, call 1: float32 0.588 / 11.03 / 10.29
+      // ms on arxiv- / products- / reddit-like, more than both gradients).
+      if (need_grad_x && !need_grad_weight &&
+          (try_launch_tc_dot_gather(d, colptr.options()) ||
+           try_launch_dot_gather(d, colptr.options())))
+        return;
       if (need_grad_x) {
         GatherParams<scalar_t, index_t> g{};
         g.ptr = d.ptr;

@@ -22,7 +22,9 @@
 //
 // The dots are stored as the CSC entries are walked: by entry (dot_by_entry,
 // then gathered into edge order through perm_inv by the launcher) or at
-// perm[k].
+// perm[k]. Without them (kDots = false: grad_x alone, for weights that need
+// no gradient) the kernel is the staged SpMM over the CSC with the weights
+// read through perm, its long rows in slices; it holds no x fragments.
 //
 // Long rows (a CSC's hubs: the most popular source of products-like has
 // ~460K entries) are cut into slices of a SliceList, any warp taking any
@@ -37,6 +39,13 @@
 
 #ifndef PMA_TC_DOT_MIN_BLOCKS
 #define PMA_TC_DOT_MIN_BLOCKS 2
+#endif
+// Blocks an SM of the grad_x-only kernel (kDots = false): 2 (16 warps,
+// 108-122 registers) measured 2-5% faster than 3 (24 warps at 80 registers
+// and 8-140 bytes of spill; session 18, call 1: bf16 0.164 / 4.91 / 2.46
+// against 0.170 / 5.01 / 2.60 ms on arxiv- / products- / reddit-like).
+#ifndef PMA_TC_GX_MIN_BLOCKS
+#define PMA_TC_GX_MIN_BLOCKS 2
 #endif
 
 namespace pyg_multihead_agg {
@@ -109,7 +118,7 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   return static_cast<uint32_t>(a.x) | (static_cast<uint32_t>(b.x) << 16);
 }
 
-template <typename scalar_t, typename index_t, int kH>
+template <typename scalar_t, typename index_t, int kH, bool kDots>
 struct TcDotStaged {
   using Base = TcGather<scalar_t, index_t, kH>;
   using Params = TcDotParams<scalar_t, index_t>;
@@ -149,12 +158,14 @@ struct TcDotStaged {
     const index_t* idx = p.idx + first;
     const index_t* perm = p.perm + first;
     // Tile rows 2c and 2c + 1 (the D columns this lane holds).
-    const off_t lo_a = __shfl_sync(kFull, rlo, 8 * c), hi_a = __shfl_sync(kFull, rhi, 8 * c);
-    const off_t lo_b = __shfl_sync(kFull, rlo, 8 * c + 4);
-    const off_t hi_b = __shfl_sync(kFull, rhi, 8 * c + 4);
+    off_t lo_a = 0, hi_a = 0, lo_b = 0, hi_b = 0;
     // X's B fragments: features 16t + 2c, +1 and 16t + 8 + 2c, +1 of x[xrow].
     uint32_t xb[8][2];
-    {
+    if constexpr (kDots) {
+      lo_a = __shfl_sync(kFull, rlo, 8 * c);
+      hi_a = __shfl_sync(kFull, rhi, 8 * c);
+      lo_b = __shfl_sync(kFull, rlo, 8 * c + 4);
+      hi_b = __shfl_sync(kFull, rhi, 8 * c + 4);
       const bool ok = xrow >= 0;
       const uint32_t* xw =
           reinterpret_cast<const uint32_t*>(p.rowval + (ok ? xrow : int64_t{0}) * kHD) + c;
@@ -241,33 +252,39 @@ struct TcDotStaged {
           uint32_t a0, a1r, a2r, a3;
           ldmatrix_x4<true>(addr, a0, a1r, a2r, a3);
           Mma16816<scalar_t>::run(acc[t], a0, a1r, a2r, a3, b0, b1w);
-          uint32_t g0, g1, g2, g3;
-          ldmatrix_x4<false>(addr, g0, g1, g2, g3);
-          // matrices: 0 = entries 0-7 / features 16t..+7, 1 = entries 0-7 /
-          // 16t+8.., 2 = entries 8-15 / 16t.., 3 = entries 8-15 / 16t+8..
-          Mma16816<scalar_t>::run(d, g0, g2, g1, g3, xb[t][0], xb[t][1]);
+          if constexpr (kDots) {
+            uint32_t g0, g1, g2, g3;
+            ldmatrix_x4<false>(addr, g0, g1, g2, g3);
+            // matrices: 0 = entries 0-7 / features 16t..+7, 1 = entries 0-7 /
+            // 16t+8.., 2 = entries 8-15 / 16t.., 3 = entries 8-15 / 16t+8..
+            Mma16816<scalar_t>::run(d, g0, g2, g1, g3, xb[t][0], xb[t][1]);
+          }
         }
-        const float v1 = a1 ? d[0] : d[1], v2 = a2 ? d[2] : d[3];
-        if (h & 1) {
-          dw1[h >> 1] = pack2<scalar_t>(dlo1, v1);
-          dw2[h >> 1] = pack2<scalar_t>(dlo2, v2);
-        } else {
-          dlo1 = v1;
-          dlo2 = v2;
+        if constexpr (kDots) {
+          const float v1 = a1 ? d[0] : d[1], v2 = a2 ? d[2] : d[3];
+          if (h & 1) {
+            dw1[h >> 1] = pack2<scalar_t>(dlo1, v1);
+            dw2[h >> 1] = pack2<scalar_t>(dlo2, v2);
+          } else {
+            dlo1 = v1;
+            dlo2 = v2;
+          }
         }
       }
       __syncwarp();  // this stage is read before the next iteration refills it
-      int64_t at1 = first + k1, at2 = first + k2;
-      bool ok1 = a1 || b1, ok2 = a2 || b2;
-      if (!p.by_entry) {  // uniform
-        const index_t e1 = __shfl_sync(kFull, pl, g), e2 = __shfl_sync(kFull, pl, g + 8);
-        at1 = static_cast<int64_t>(e1);
-        at2 = static_cast<int64_t>(e2);
-        ok1 = ok1 && edge_ok(e1);
-        ok2 = ok2 && edge_ok(e2);
+      if constexpr (kDots) {
+        int64_t at1 = first + k1, at2 = first + k2;
+        bool ok1 = a1 || b1, ok2 = a2 || b2;
+        if (!p.by_entry) {  // uniform
+          const index_t e1 = __shfl_sync(kFull, pl, g), e2 = __shfl_sync(kFull, pl, g + 8);
+          at1 = static_cast<int64_t>(e1);
+          at2 = static_cast<int64_t>(e2);
+          ok1 = ok1 && edge_ok(e1);
+          ok2 = ok2 && edge_ok(e2);
+        }
+        if (ok1) *reinterpret_cast<DotRaw*>(p.dot_out + at1 * kH) = as_raw(dw1);
+        if (ok2) *reinterpret_cast<DotRaw*>(p.dot_out + at2 * kH) = as_raw(dw2);
       }
-      if (ok1) *reinterpret_cast<DotRaw*>(p.dot_out + at1 * kH) = as_raw(dw1);
-      if (ok2) *reinterpret_cast<DotRaw*>(p.dot_out + at2 * kH) = as_raw(dw2);
       if (es[1] >= n) break;
 #pragma unroll
       for (int s = 0; s + 1 < S; ++s) {
@@ -319,11 +336,11 @@ struct TcDotStaged {
 // slot `item`'s entries in B's column 0 (tile row 0: the lanes of g = 0 load
 // the weights), written by the lanes of c = 0 to part[item]. Phase 2: tiles
 // (tc_tiles), from sl.counters[3].
-template <typename scalar_t, typename index_t, int kH>
-__global__ void __launch_bounds__(kThreads, PMA_TC_DOT_MIN_BLOCKS)
+template <typename scalar_t, typename index_t, int kH, bool kDots>
+__global__ void __launch_bounds__(kThreads, kDots ? PMA_TC_DOT_MIN_BLOCKS : PMA_TC_GX_MIN_BLOCKS)
     tc_dot_gather_kernel(const TcDotParams<scalar_t, index_t> p, const SliceList sl) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  using T = TcDotStaged<scalar_t, index_t, kH>;
+  using T = TcDotStaged<scalar_t, index_t, kH, kDots>;
   using off_t = typename T::off_t;
   extern __shared__ __align__(128) unsigned char tc_ring[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
