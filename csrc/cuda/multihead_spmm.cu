@@ -899,6 +899,14 @@ bool try_launch_dot_gather(DotParams<scalar_t, index_t> p, const at::TensorOptio
   return true;
 }
 
+// The tensor-core backward kernel for H = 2, 4 or 8 heads (H * D = 128).
+template <typename scalar_t, typename index_t, bool kDots>
+auto tc_dot_kernel_for(int H) {
+  return H == 2   ? tc_dot_gather_kernel<scalar_t, index_t, 2, kDots>
+         : H == 4 ? tc_dot_gather_kernel<scalar_t, index_t, 4, kDots>
+                  : tc_dot_gather_kernel<scalar_t, index_t, 8, kDots>;
+}
+
 // The spmm backward of 2-byte types on the tensor cores
 // (tensor_core_backward.cuh) when it applies: H * D = 128 with H = 2, 4 or 8,
 // a weight (grad_x), 16-byte aligned grad_out and grad_x, weight rows aligned
@@ -943,12 +951,8 @@ bool try_launch_tc_dot_gather(const DotParams<scalar_t, index_t>& p,
     t.rowval = p.rowval;
     t.dot_out = p.dot_out;
     t.by_entry = p.dot_by_entry;
-    auto kernel = !dots    ? (p.H == 2   ? tc_dot_gather_kernel<scalar_t, index_t, 2, false>
-                              : p.H == 4 ? tc_dot_gather_kernel<scalar_t, index_t, 4, false>
-                                         : tc_dot_gather_kernel<scalar_t, index_t, 8, false>)
-                  : p.H == 2 ? tc_dot_gather_kernel<scalar_t, index_t, 2, true>
-                  : p.H == 4 ? tc_dot_gather_kernel<scalar_t, index_t, 4, true>
-                             : tc_dot_gather_kernel<scalar_t, index_t, 8, true>;
+    auto kernel = dots ? tc_dot_kernel_for<scalar_t, index_t, true>(p.H)
+                       : tc_dot_kernel_for<scalar_t, index_t, false>(p.H);
     const size_t smem = static_cast<size_t>(kThreads / 32) * kTcDotStages * kTcDotStageBytes;
     if (!tc_launch_info(kernel, smem).built) return false;
     // Long rows in slices (SliceList), their partial grad_x rows summed by
