@@ -176,10 +176,10 @@ def bench_dtype(g, csc, dtype, device, ncu, profile=False, check=True):
     if perm_inv is not None:
         inv_errs = check_fused(g, x, s_src, s_dst, grad, out, calls["gat_bwd_inv"]())
         enforce(inv_errs, dtype, f"{g.name} gat (perm_inv)", check)
-    spmm_errs = check_spmm(g, csc, w, x, grad, calls["spmm_fwd"](), calls["spmm_bwd_csc"]())
-    gx_alone = calls["spmm_bwd_x"]()[0]
-    spmm_errs["grad_x_alone"] = check_spmm(g, csc, w, x, grad, calls["spmm_fwd"](),
-                                           (gx_alone, calls["spmm_bwd_csc"]()[1]))["grad_x"]
+    spmm_out, spmm_grads = calls["spmm_fwd"](), calls["spmm_bwd_csc"]()
+    spmm_errs = check_spmm(g, csc, w, x, grad, spmm_out, spmm_grads)
+    spmm_errs["grad_x_alone"] = check_spmm(g, csc, w, x, grad, spmm_out,
+                                           (calls["spmm_bwd_x"]()[0], spmm_grads[1]))["grad_x"]
     print(f"{g.name:14s} {dt:9s} spmm rel err {spmm_errs}", flush=True)
     if spmm_inv:  # the same sums, stored elsewhere first: bitwise equal
         same = all(torch.equal(a, b) for a, b in zip(calls["spmm_bwd_csc"](),
