@@ -131,7 +131,7 @@ def _has_perm_inv(op=None) -> bool:
     return "perm_inv" in str(op.default._schema)
 
 
-def bench_dtype(g, csc, dtype, device, ncu, profile=False, check=True):
+def bench_dtype(g, csc, dtype, device, ncu, profile=False, check=True, only=()):
     """Times (or, with ncu, runs once for the profiler) each call in one dtype."""
     dt = str(dtype).replace("torch.", "")
     x, s_src, s_dst, grad = fused_inputs(g, dtype, device)
@@ -192,6 +192,8 @@ def bench_dtype(g, csc, dtype, device, ncu, profile=False, check=True):
     nbytes = gather_bytes(g.num_edges, g.num_nodes, g.heads, g.channels, x.element_size())
     rows = []
     for key, fn in calls.items():
+        if only and key not in only:
+            continue
         ms = statistics.median(time_fn(fn, device, repeats=10, budget_s=0.5))
         r = {"shape": g.name, "dtype": dt, "call": key, "ms": ms,
              "gather_GBps": nbytes / ms / 1e6}
@@ -215,6 +217,8 @@ def main() -> None:
     parser.add_argument("--no-check", dest="check", action="store_false",
                         help="time even when a result is off its float64 reference")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--calls", default="",
+                        help="time only these calls (comma-separated; all are still checked)")
     args = parser.parse_args()
     device = torch.device(args.device)
     index_dtype = getattr(torch, args.index_dtype)
@@ -230,7 +234,7 @@ def main() -> None:
         print(f"## {g}", flush=True)
         for dt in args.dtypes.split(","):
             rows += bench_dtype(g, csc, getattr(torch, dt), device, args.ncu, args.profile,
-                                args.check)
+                                args.check, tuple(c for c in args.calls.split(",") if c))
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     if args.out:

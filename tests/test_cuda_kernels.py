@@ -679,6 +679,8 @@ def test_tensor_core_backward_malformed_and_unaligned(index_dtype, monkeypatch):
     ("PYG_MULTIHEAD_AGG_TC_STAGED", "2", "0 or 1"),
     ("PYG_MULTIHEAD_AGG_SLICE_SCALE", "3", "1, 2, 4, 8 or 16"),
     ("PYG_MULTIHEAD_AGG_SLICE_SCALE", "0", "1, 2, 4, 8 or 16"),
+    ("PYG_MULTIHEAD_AGG_SLICE_DIV", "32", "1, 2, 4, 8 or 16"),
+    ("PYG_MULTIHEAD_AGG_SLICE_DIV", "half", "1, 2, 4, 8 or 16"),
 ])
 def test_tuning_flags_are_checked(name, value, expected, monkeypatch):
     """A bad value of a tuning variable raises, naming it and what it must be,
@@ -692,7 +694,7 @@ def test_tuning_flags_are_checked(name, value, expected, monkeypatch):
         if name in ("PYG_MULTIHEAD_AGG_SPLIT_ROWS", "PYG_MULTIHEAD_AGG_TENSOR_CORES",
                     "PYG_MULTIHEAD_AGG_TC_STAGED"):
             ops.multihead_spmm(rowptr, col, weight, x)
-        elif name == "PYG_MULTIHEAD_AGG_SLICE_SCALE":
+        elif name in ("PYG_MULTIHEAD_AGG_SLICE_SCALE", "PYG_MULTIHEAD_AGG_SLICE_DIV"):
             colptr, row, perm = csr_to_csc(rowptr, col, 20)
             ops.multihead_spmm_backward_csc(colptr, row, perm, weight, x, grad_out)
         else:

@@ -687,6 +687,53 @@ def test_backward_perm_inv_same_results(case, dtype, index_dtype, with_edge, dro
     assert_grads_close(got[1], ref, dtype, grad_names(inp))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
+def test_backward_short_slices_large_graph_cuda(dtype):
+    """From 2**23 edges on, the 2-byte fused backward cuts its CSC columns at
+    E / 131072 entries, a quarter of the threshold that float32 and float64
+    keep (E / 32768): on a graph of 9M edges whose skewed sources give columns
+    below, between and above both thresholds and a hub of ~290K entries, its
+    gradients match float64's on the same rounded inputs, overall and on the
+    longest columns alone, with perm_inv (the layer's path) and without."""
+    gen = torch.Generator().manual_seed(19)
+    num_nodes, num_edges, heads, channels = 30000, 9_000_000, 4, 32
+    assert num_edges // 131072 > 64  # the quarter threshold is in force
+    col = (num_nodes * torch.rand(num_edges, generator=gen) ** 3).long()
+    row = torch.randint(0, num_nodes, (num_edges,), generator=gen)
+    order = torch.argsort(row * num_nodes + col)
+    row, col = row[order], col[order]
+    rowptr = torch.zeros(num_nodes + 1, dtype=torch.long)
+    rowptr[1:] = torch.bincount(row, minlength=num_nodes).cumsum(0)
+    rowptr, col = rowptr.cuda().int(), col.cuda().int()
+    csc = pma.csr_to_csc(rowptr, col, num_nodes)
+    degree = csc[0].diff()
+    longest = torch.argsort(degree, descending=True)[:200]
+    assert degree.max() > 100_000 and ((degree > 68) & (degree <= 274)).sum() > 1000
+    s_src = torch.randn(num_nodes, heads, generator=gen).to("cuda", dtype)
+    s_dst = torch.randn(num_nodes, heads, generator=gen).to("cuda", dtype)
+    x = torch.randn(num_nodes, heads, channels, generator=gen).to("cuda", dtype)
+    grad_out = torch.randn(num_nodes, heads, channels, generator=gen).to("cuda", dtype)
+    grad_lse = torch.randn(num_nodes, heads, generator=gen).cuda()
+
+    def grads(dt, perm_inv):
+        leaves = [t.to(dt).requires_grad_() for t in (x, s_src, s_dst)]
+        out, lse = pma.gat_attention(rowptr, col, leaves[1], leaves[2], leaves[0], csc=csc,
+                                     perm_inv=perm_inv)
+        poison((num_nodes, heads, channels), dt, "cuda")
+        return torch.autograd.grad((out, lse), leaves, (grad_out.to(dt), grad_lse.to(lse.dtype)))
+
+    ref = grads(torch.float64, None)
+    for perm_inv in (pma.invert_perm(csc[2]), None):
+        got = grads(dtype, perm_inv)
+        for g, r, name in zip(got, ref, ("x", "s_src", "s_dst"), strict=True):
+            tol = TOLERANCE[dtype] * (1 if name == "x" else S_GRAD_FACTOR[dtype])
+            assert g.dtype == dtype
+            assert rel_error(g, r) <= tol, name
+            if name != "s_dst":  # per source: the sliced sums
+                assert rel_error(g[longest], r[longest]) <= tol, f"{name}, longest columns"
+
+
 def test_invert_perm():
     gen = torch.Generator().manual_seed(31)
     for index_dtype in INDEX_DTYPES:

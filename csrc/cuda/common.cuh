@@ -980,8 +980,8 @@ int num_sms() {
 // Rows longer than this go to a whole block. A single warp gathers ~5 GB/s,
 // the device ~4 TB/s: a row of E / 32768 edges then costs a warp about 2% of
 // the whole kernel, so anything longer is spread over a block.
-int64_t long_threshold(int64_t num_edges) {
-  return std::max<int64_t>(64, num_edges / 32768);
+int64_t long_threshold(int64_t num_edges, int64_t div = 1) {
+  return std::max<int64_t>(64, num_edges / (32768 * div));
 }
 
 // Builds the work list of a persistent kernel; `storage` keeps it alive until
@@ -1016,22 +1016,27 @@ inline int64_t max_long_rows(const SliceList& sl, int64_t num_edges) {
 }
 
 // Builds a SliceList (see above); `storage` keeps it alive as in
-// make_work_list. Slices hold at most long_threshold entries, so a long row of
-// n entries gives fewer than 2 n / long_threshold slots, and all rows together
-// fewer than 2 E / long_threshold (at most 65536 for E >= 2^21): the scratch
-// of the partial sums is bounded by that times the row width.
+// make_work_list. Rows of more than long_threshold(E, div) entries are cut
+// into slices of that many (`div` > 1: shorter slices, see the fused
+// backward). Slices hold at most long_threshold entries, so a long row of n
+// entries gives fewer than 2 n / long_threshold slots, and all rows together
+// fewer than 2 E / long_threshold (at most 65536 * div for E >= 2^21 * div):
+// the scratch of the partial sums is bounded by that times the row width.
 template <typename index_t>
 SliceList make_slice_list(const index_t* ptr, int64_t num_rows, int64_t num_edges,
                           at::Tensor& storage, const at::TensorOptions& options,
-                          int64_t& max_slots) {
+                          int64_t& max_slots, int64_t div = 1) {
   auto stream = c10::cuda::getCurrentCUDAStream();
   SliceList sl;
   sl.num_rows = num_rows;
-  // PYG_MULTIHEAD_AGG_SLICE_SCALE (1, 2, 4, 8 or 16; default 1): the long
-  // rows' threshold and slice length of the backwards, in multiples of the
-  // work lists' (an A/B knob: fewer, longer slices write fewer partial rows).
-  sl.long_threshold =
-      long_threshold(num_edges) * env_int("PYG_MULTIHEAD_AGG_SLICE_SCALE", 1, {1, 2, 4, 8, 16});
+  // PYG_MULTIHEAD_AGG_SLICE_SCALE and PYG_MULTIHEAD_AGG_SLICE_DIV (1, 2, 4,
+  // 8 or 16; default 1) multiply and divide that threshold, down to 16
+  // entries (A/B knobs: fewer, longer slices write fewer partial rows;
+  // shorter ones leave a shorter tail).
+  sl.long_threshold = std::max<int64_t>(
+      16, long_threshold(num_edges, div) *
+              env_int("PYG_MULTIHEAD_AGG_SLICE_SCALE", 1, {1, 2, 4, 8, 16}) /
+              env_int("PYG_MULTIHEAD_AGG_SLICE_DIV", 1, {1, 2, 4, 8, 16}));
   sl.slice_len = sl.long_threshold;
   sl.sort_fetch = sort_fetch_enabled();
   const int64_t max_long = max_long_rows(sl, num_edges);
@@ -1080,7 +1085,11 @@ void launch_sum_slices(const index_t* ptr, int64_t num_edges, const SliceList& s
 // perm_inv): the spmm backward's grad_weight, the fused backward's
 // grad_s_edge. kUnroll independent loads per thread; the reads of src are
 // random, the rest sequential (products-like, float32: 1.7 ms for 61M rows
-// of 16 bytes, ~3 TB/s counting 64 bytes of DRAM per random read).
+// of 16 bytes, ~3 TB/s counting 64 bytes of DRAM per random read). The
+// sequential index and output go through L2 evict-first (ld/st .cs), which
+// leaves more of it to the random reads: the spmm backward with perm_inv
+// measured 0.3-0.7% faster on arxiv-, products- and reddit-like (session 19,
+// call 1; predicted 1-3%: the reads hit L2 little more).
 // ---------------------------------------------------------------------------
 
 template <typename vec_t, typename index_t>
@@ -1097,7 +1106,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < kUnroll; ++j) {
       const int64_t i = base + j * kThreads;
       const int64_t r = vpr == 1 ? i : i / vpr;
-      const int64_t k = i < n ? load_index(index + r) : -1;
+      const int64_t k = i < n ? static_cast<int64_t>(__ldcs(index + r)) : -1;
       from[j] = in_range(k, num_rows) ? k * vpr + (i - r * vpr) : -1;
     }
     vec_t v[kUnroll];
@@ -1108,7 +1117,7 @@ __global__ void __launch_bounds__(kThreads)
     }
 #pragma unroll
     for (int j = 0; j < kUnroll; ++j)
-      if (base + j * kThreads < n) dst[base + j * kThreads] = v[j];
+      if (base + j * kThreads < n) __stcs(dst + base + j * kThreads, v[j]);
   }
 }
 
