@@ -1083,20 +1083,25 @@ void launch_sum_slices(const index_t* ptr, int64_t num_edges, const SliceList& s
 // out-of-range index[e] (a malformed one cannot read out of bounds). Puts
 // the backwards' CSC-ordered per-edge gradients into edge order (index =
 // perm_inv): the spmm backward's grad_weight, the fused backward's
-// grad_s_edge. kUnroll independent loads per thread; the reads of src are
-// random, the rest sequential (products-like, float32: 1.7 ms for 61M rows
-// of 16 bytes, ~3 TB/s counting 64 bytes of DRAM per random read). The
-// sequential index and output go through L2 evict-first (ld/st .cs), which
-// leaves more of it to the random reads: the spmm backward with perm_inv
-// measured 0.3-0.7% faster on arxiv-, products- and reddit-like (session 19,
-// call 1; predicted 1-3%: the reads hit L2 little more).
+// grad_s_edge. The reads of src are random, the rest sequential.
+// - The grid covers every access at once (kUnroll = 2 a thread), so those
+//   in flight are one contiguous window of edges, as narrow as the device
+//   allows. Our reading (not profiled): consecutive rows read the same
+//   columns' entries, which sit side by side in the CSC (a hub column holds
+//   an entry of nearly every row), so a narrow window hits L2 more. Session
+//   19 (call 4, the spmm backward with perm_inv, same run): from at most
+//   16 blocks an SM striding over 4 rows a thread, products-like 11.20 ->
+//   10.88 ms float32 and 6.74 -> 6.48 bf16, reddit-like 6.40 -> 5.87 and
+//   3.57 -> 3.21, arxiv-like within 1%; 8 rows a thread striding changed
+//   little (loads in flight do not bound it), nor did ld.global.cg reads.
+// - The sequential index and output go through L2 evict-first (ld/st .cs),
+//   leaving more of it to the random reads: 0.3-0.7% (call 1).
 // ---------------------------------------------------------------------------
 
-template <typename vec_t, typename index_t>
+template <typename vec_t, typename index_t, int kUnroll>
 __global__ void __launch_bounds__(kThreads)
     gather_rows_kernel(const vec_t* __restrict__ src, const index_t* __restrict__ index,
                        vec_t* __restrict__ dst, int64_t num_rows, int vpr) {
-  constexpr int kUnroll = 4;
   const int64_t n = num_rows * vpr;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads * kUnroll;
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads * kUnroll + threadIdx.x;
@@ -1129,12 +1134,15 @@ void launch_gather_rows(const at::Tensor& src, const at::Tensor& index, at::Tens
   auto run = [&](auto vec) {
     using vec_t = decltype(vec);
     const int vpr = static_cast<int>(row_bytes / static_cast<int64_t>(sizeof(vec_t)));
-    const int64_t n = E * vpr, per_block = kThreads * 4LL;
+    // A thread per kUnroll rows, every block launched at once (see above).
+    constexpr int kUnroll = 2;
+    const int64_t n = E * vpr, per_block = kThreads * static_cast<int64_t>(kUnroll);
     const int blocks = static_cast<int>(
-        std::max<int64_t>(1, std::min<int64_t>((n + per_block - 1) / per_block, num_sms() * 16LL)));
-    gather_rows_kernel<vec_t, index_t><<<blocks, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
-        static_cast<const vec_t*>(src.data_ptr()), index.data_ptr<index_t>(),
-        static_cast<vec_t*>(dst.data_ptr()), E, vpr);
+        std::max<int64_t>(1, std::min<int64_t>((n + per_block - 1) / per_block, INT_MAX)));
+    gather_rows_kernel<vec_t, index_t, kUnroll>
+        <<<blocks, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+            static_cast<const vec_t*>(src.data_ptr()), index.data_ptr<index_t>(),
+            static_cast<vec_t*>(dst.data_ptr()), E, vpr);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
   // The widest access that divides a row and both pointers' alignment
