@@ -40,7 +40,6 @@ from graphs import make_graph  # noqa: E402
 import pyg_multihead_agg as pma  # noqa: E402
 
 _ops = torch.ops.pyg_multihead_agg
-CALLS = ("fwd", "bwd", "bwd_x", "bwd_x_seq", "perm_w", "to_edges")
 
 
 def as_rows(t):

@@ -1569,11 +1569,11 @@ void launch_gat_backward(GatParams<scalar_t, index_t> p, const scalar_t* out,
     p.log2S = rc.log2S;
     p.num_chunks = 1;
     int64_t max_slots = 0;
-    // 2-byte types: slices of a quarter of the work lists' long rows (E /
-    // 131072 entries, at least 64: ~470 on products-like, ~360 on reddit-
-    // like), as is every column above that. A group walks a whole column
-    // of up to that many entries alone, and the longest of them form the
-    // grid's tail. Session 19's sweep (call 1) measured bf16 9.21 -> 8.91
+    // 2-byte types: every column longer than a quarter of the work lists'
+    // threshold (E / 131072 entries, at least 64: ~470 on products-like,
+    // ~360 on reddit-like) is cut into slices of that length. A group walks
+    // a column of up to that many entries alone, and the longest of them
+    // form the grid's tail. Session 19's sweep (call 1) measured bf16 9.21 -> 8.91
     // ms (products-like) and 5.34 -> 4.96 ms (reddit-like) at a quarter,
     // arxiv-like worse below 64 entries, float32 within 1%. The bound on
     // the partial rows' scratch grows with it (4x: ~130 MB on products-like),
