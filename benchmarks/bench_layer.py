@@ -1,4 +1,5 @@
-"""GAT layer benchmark: forward + backward of one GATConv, PyG's against ours.
+"""GAT layer benchmark: forward, and forward + backward, of one GATConv, PyG's
+against ours.
 
 F_in = 128, heads H and channels D from the graph's shape, every layer with
 the same weights (one ``state_dict``) and ``add_self_loops=False`` on a graph
@@ -15,10 +16,12 @@ type sees the same edges and no row pays for self-loop handling per call):
 - ``ours <adjacency> unfused``: the same layer with ``fused_attention=False``
   (PyG's softmax and dropout, then the aggregation operator).
 
-A step is ``out = layer(x, adj)`` then ``torch.autograd.grad`` of ``out`` for
-every parameter with a random ``grad_out``. The output and every parameter
-gradient are checked first against PyG's layer in float64, on the edges into
-(a sample of) the destination rows.
+A training step (pass ``forward+backward``) is ``out = layer(x, adj)`` then
+``torch.autograd.grad`` of ``out`` for every parameter with a random
+``grad_out``; an inference step (pass ``forward``) is ``layer(x, adj)`` under
+``torch.no_grad()``. The output and every parameter gradient are checked first
+against PyG's layer in float64, on the edges into (a sample of) the
+destination rows.
 
     python benchmarks/bench_layer.py --device cuda
 """
@@ -46,6 +49,7 @@ from common import Row, log  # noqa: E402
 from graphs import Graph, make_graph  # noqa: E402
 
 IN_CHANNELS = 128
+FORWARD, TRAIN = "forward", "forward+backward"
 PYG_EAGER = "PyG edge_index eager"
 PYG_COMPILED = "PyG edge_index compiled"
 PEERS = (PYG_EAGER, PYG_COMPILED)
@@ -133,19 +137,25 @@ def reference(g: Graph, model: torch.nn.Module, x: Tensor, grad_out: Tensor,
 def run_variant(r: Row, make: Callable[[], Tuple[torch.nn.Module, object]], x: Tensor,
                 grad_out: Tensor, check: Check, baseline: Dict[str, float],
                 device: torch.device, args) -> None:
-    """Check, then measure one (layer, adjacency): forward, then the gradients
-    of every parameter. Each error must stay within the dtype's tolerance or
-    twice PyG eager's own error (``baseline``), whichever is larger: in half
-    precision some gradients are ill-conditioned (att_dst barely moves a
-    row's softmax) and PyG itself is far off."""
+    """Check, then measure one (layer, adjacency) in one pass (``r.pass_``):
+    the forward under no_grad, or the forward and then the gradients of every
+    parameter. Each error must stay within the dtype's tolerance or twice PyG
+    eager's own error (``baseline``), whichever is larger: in half precision
+    some gradients are ill-conditioned (att_dst barely moves a row's softmax)
+    and PyG itself is far off."""
     model, adj = make()
     # A compiled module names its parameters "_orig_mod.<name>".
     names = [name.removeprefix("_orig_mod.") for name, _ in model.named_parameters()]
     params = list(model.parameters())
 
-    def step(grad_out=grad_out):
-        out = model(x, adj)
-        return out, torch.autograd.grad(out, params, grad_out)
+    if r.pass_ == FORWARD:
+        def step(grad_out=grad_out):
+            with torch.no_grad():
+                return model(x, adj), ()
+    else:
+        def step(grad_out=grad_out):
+            out = model(x, adj)
+            return out, torch.autograd.grad(out, params, grad_out)
     counters = torch._dynamo.utils.counters
     counters.clear()
     t = time.perf_counter()
@@ -158,7 +168,7 @@ def run_variant(r: Row, make: Callable[[], Tuple[torch.nn.Module, object]], x: T
         r.extra["graph_breaks"] = sum(counters["graph_break"].values())
     r.rel_errs = {"out": common.rel_error(out if check.rows is None else out[check.rows],
                                           check.out)}
-    for name, grad in zip(names, grads, strict=True):
+    for name, grad in zip(names if grads else (), grads, strict=True):
         r.rel_errs[f"grad {name}"] = common.rel_error(grad, check.grads[name])
     r.rel_err = max(r.rel_errs.values())
     ok = all(err <= max(TOLERANCE[x.dtype], 2 * baseline.get(k, 0.0))
@@ -229,21 +239,23 @@ def bench_dtype(g: Graph, dtype: torch.dtype, args, device: torch.device) -> Lis
         ours = OurGATConv(IN_CHANNELS, channels, heads=heads, add_self_loops=False)
         ours.load_state_dict(pyg.state_dict())
         ours = ours.to(device, dtype)
-    baseline: Dict[str, float] = {}  # PyG eager's errors, once it ran
+    baseline: Dict[str, Dict[str, float]] = {}  # per pass, PyG eager's errors once it ran
     for method, make in variants(g, pyg, ours, dtype, args):
-        body = functools.partial(run_variant, make=make, x=x, grad_out=grad_out, check=check,
-                                 baseline=baseline, device=device, args=args)
-        r = common.run_guarded(Row(g.name, dname, method, "forward+backward",
-                                   extra={"checked_on": check.what}), body, device)
-        rows.append(r)
-        if method == PYG_EAGER:
-            baseline.update(r.rel_errs)
-        first = r.extra.get("first_call_s")
-        graphs = (f", {r.extra['graphs_compiled']} graphs, {r.extra['graph_breaks']} breaks"
-                  if "graphs_compiled" in r.extra else "")
-        log(f"{g.name} {dname} {method:30s} {common.fmt_ms(r):>12s} ms  "
-            f"err {common.fmt_err(r)}  peak {common.fmt_bytes(r.peak_extra_bytes)}"
-            + (f"  (first call {first} s{graphs})" if first is not None else ""))
+        for pass_ in args.passes:
+            body = functools.partial(run_variant, make=make, x=x, grad_out=grad_out,
+                                     check=check, baseline=baseline.setdefault(pass_, {}),
+                                     device=device, args=args)
+            r = common.run_guarded(Row(g.name, dname, method, pass_,
+                                       extra={"checked_on": check.what}), body, device)
+            rows.append(r)
+            if method == PYG_EAGER:
+                baseline[pass_].update(r.rel_errs)
+            first = r.extra.get("first_call_s")
+            graphs = (f", {r.extra['graphs_compiled']} graphs, {r.extra['graph_breaks']} breaks"
+                      if "graphs_compiled" in r.extra else "")
+            log(f"{g.name} {dname} {method:30s} {pass_:16s} {common.fmt_ms(r):>12s} ms  "
+                f"err {common.fmt_err(r)}  peak {common.fmt_bytes(r.peak_extra_bytes)}"
+                + (f"  (first call {first} s{graphs})" if first is not None else ""))
     return rows
 
 
@@ -269,22 +281,22 @@ def bench_shape(shape: str, dtypes: List[torch.dtype], args, device: torch.devic
 
 def add_memory_ratios(rows: List[Row]) -> None:
     """``extra["mem_vs_pyg_compiled"]``: peak extra memory over PyG compiled's."""
-    peer = {(r.shape, r.dtype): r.peak_extra_bytes for r in rows
+    peer = {(r.shape, r.dtype, r.pass_): r.peak_extra_bytes for r in rows
             if r.method == PYG_COMPILED and r.peak_extra_bytes}
     for r in rows:
-        base = peer.get((r.shape, r.dtype))
+        base = peer.get((r.shape, r.dtype, r.pass_))
         if base and r.peak_extra_bytes is not None and r.ms is not None:
             r.extra["mem_vs_pyg_compiled"] = r.peak_extra_bytes / base
 
 
 def table(rows: List[Row]) -> str:
-    headers = ["shape", "dtype", "method", "ms", "x PyG eager", "x PyG compiled",
+    headers = ["shape", "dtype", "method", "pass", "ms", "x PyG eager", "x PyG compiled",
                "peak extra", "mem / PyG compiled", "rel err out", "rel err grads", "check"]
     cells = []
     for r in rows:
         ratio = r.extra.get("mem_vs_pyg_compiled")
         grads = [v for k, v in r.rel_errs.items() if k.startswith("grad")]
-        cells.append([r.shape, r.dtype, r.method, common.fmt_ms(r),
+        cells.append([r.shape, r.dtype, r.method, r.pass_, common.fmt_ms(r),
                       common.fmt_speedup(r, PYG_EAGER), common.fmt_speedup(r, PYG_COMPILED),
                       common.fmt_bytes(r.peak_extra_bytes),
                       "-" if ratio is None else f"{ratio:.2f}",
@@ -305,7 +317,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="also run our fused layer with fold_scores=False")
     parser.add_argument("--no-compile", action="store_true",
                         help="eager rows only (skips torch.compile and its warm-up)")
+    parser.add_argument("--passes", default=f"{FORWARD},{TRAIN}",
+                        help=f"comma-separated: {FORWARD} (inference, under no_grad) and/or "
+                        f"{TRAIN} (a training step)")
     args, device, shapes, dtypes = common.parse_benchmark_args(parser, argv)
+    args.passes = [p for p in args.passes.split(",") if p]
+    bad = [p for p in args.passes if p not in (FORWARD, TRAIN)]
+    if bad or not args.passes:
+        parser.error(f"--passes: expected {FORWARD} and/or {TRAIN}, got {args.passes!r}")
     # Every (layer, adjacency, graph, dtype) is its own compiled graph.
     torch._dynamo.config.recompile_limit = 64
 
@@ -313,7 +332,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     meta["in_channels"] = IN_CHANNELS
     meta["compile"] = ("no compiled rows" if args.no_compile else
                        f"torch.compile(dynamic={args.dynamic})")
-    log(f"{meta['device_name']}: GAT layer forward + backward")
+    log(f"{meta['device_name']}: GAT layer, {' and '.join(args.passes)}")
     rows: List[Row] = []
     notes: List[str] = []
     ok = True
@@ -323,8 +342,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     add_memory_ratios(rows)
 
     text = table(rows)
-    notes_md = ("One GATConv(128, D, heads=H, add_self_loops=False) forward + backward "
-                "(gradients of all parameters) on a graph with one self-loop per node. "
+    notes_md = ("One GATConv(128, D, heads=H, add_self_loops=False) on a graph with one "
+                "self-loop per node: pass forward+backward = the forward, then the gradients "
+                "of all parameters; pass forward = the forward under torch.no_grad(). "
                 "peak extra: max_memory_allocated minus what was allocated before the step "
                 "(CUDA only). rel err: ||a - ref|| / ||ref|| against PyG's layer in float64, "
                 "of the output and (worst of) the parameter gradients, every one in the JSON; "
@@ -341,7 +361,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if failures:
         notes_md += "\n\nRows that did not run:\n" + failures
     stem = common.result_stem("layer", device, args.tag)
-    paths = common.write_results(args.out, stem, "GAT layer benchmark (forward + backward)", meta,
+    paths = common.write_results(args.out, stem,
+                                 "GAT layer benchmark (forward; forward + backward)", meta,
                                  rows, text, notes_md, chart_peers=PEERS,
                                  chart_methods=[m for m in dict.fromkeys(r.method for r in rows)
                                                 if m.startswith("ours")])

@@ -527,23 +527,30 @@ def test_state_dict_names_match_pyg():
 # torch.compile. EdgeIndex and SparseTensor caches must be filled outside
 # the compiled region (fill_cache_()); see docs/layer.md.
 
-def compile_case(kind, add_self_loops, backend, fullgraph):
+def compile_case(kind, add_self_loops, backend, fullgraph, device="cpu"):
+    """The compiled layer against eager: a training step, then (with
+    fullgraph) an inference forward under no_grad, its own graph."""
     case = CASES[0]._replace(kwargs=dict(heads=3, add_self_loops=add_self_loops))
     edge_index, x_src, x_dst, _ = make_graph(case, 12)
     _, ours = make_layers(case, 12)
-    adj = make_adj(kind, edge_index, case.num_src, case.num_dst)
+    ours = ours.to(device)
+    adj = make_adj(kind, edge_index.to(device), case.num_src, case.num_dst)
     if kind in ("edge_index_sorted", "sparse_tensor"):
         adj.fill_cache_()
-    x = x_src.float()
-    eager_out, eager_grads = run(ours, case, kind, adj, x, x_dst.float(), None)
+    x, x_dst = x_src.float().to(device), x_dst.float().to(device)
+    eager_out, eager_grads = run(ours, case, kind, adj, x, x_dst, None)
     torch._dynamo.reset()
     compiled = torch.compile(ours, backend=backend, fullgraph=fullgraph)
-    events = op_events(lambda: run(compiled, case, kind, adj, x, x_dst.float(), None))
-    out, grads = run(compiled, case, kind, adj, x, x_dst.float(), None)
+    events = op_events(lambda: run(compiled, case, kind, adj, x, x_dst, None))
+    out, grads = run(compiled, case, kind, adj, x, x_dst, None)
     assert FUSED_OP in events
     assert rel_error(out, eager_out) <= 1e-5
     for name, grad in eager_grads.items():
         assert rel_error(grads[name], grad) <= 1e-5, name
+    if fullgraph:
+        with torch.no_grad():
+            out = compiled(features(case, x, x_dst), adj, size=size_arg(case, kind))
+        assert rel_error(out, eager_out) <= 1e-5
 
 
 @pytest.mark.parametrize("add_self_loops", [False, True])
@@ -553,6 +560,36 @@ def test_compile_edge_index_fullgraph(add_self_loops):
 
 def test_compile_edge_index_fullgraph_inductor():
     compile_case("edge_index_sorted", False, "inductor", fullgraph=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compile_edge_index_fullgraph_cuda(backend):
+    """On torch 2.11 every compiled graph with an EdgeIndex input failed
+    (PendingUnbackedSymbolNotFound, from PyG's repr of a fake EdgeIndex; see
+    pyg_multihead_agg.nn._compat): fullgraph raised, and without it the layer
+    ran in 5 graphs. Found on the H200 in session 20; the CPU tests ran
+    torch 2.13, where they pass without the fix."""
+    compile_case("edge_index_sorted", False, backend, fullgraph=True, device="cuda")
+
+
+def test_edge_index_repr_of_fake_tensor_makes_no_symbols():
+    """repr of an EdgeIndex holding a fake tensor (what torch 2.11's AOT
+    autograd prints for each graph input) gives its shape and makes no
+    unbacked symbols; PyG's own repr made one per index (tolist() on the
+    fake data). A real EdgeIndex prints as PyG prints it."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    index = EdgeIndex(torch.tensor([[0, 1, 2, 2], [1, 2, 0, 1]]), sparse_size=(3, 3),
+                      sort_order="col")
+    assert repr(index).startswith("EdgeIndex([[0, 1, 2, 2],")
+    shape_env = ShapeEnv()
+    with FakeTensorMode(shape_env=shape_env) as mode:
+        text = repr(mode.from_tensor(index))
+    assert shape_env.pending_fresh_unbacked_symbols == []
+    assert text.startswith("EdgeIndex(<fake [2, ") and "sparse_size=(3, 3)" in text, text
+    assert "sort_order=col" in text
 
 
 @pytest.mark.skipif(not WITH_TORCH_SPARSE, reason="needs torch_sparse")

@@ -510,7 +510,7 @@ __device__ __forceinline__ void dot_entries_transposed(at::opmath_type<scalar_t>
     for (int s = 0; s < kSlots; ++s) {
       if (!ok[s] || !with_dots) continue;
       if (p.dot_by_entry) {  // uniform
-        dot_out[(lo + k0 + s * kS + q) * H] = static_cast<scalar_t>(d[s * kS]);
+        store_once(dot_out + (lo + k0 + s * kS + q) * H, static_cast<scalar_t>(d[s * kS]));
       } else {
         *row_at(dot_out, cur.eq[s], H) = static_cast<scalar_t>(d[s * kS]);
       }

@@ -282,8 +282,8 @@ struct TcDotStaged {
           ok1 = ok1 && edge_ok(e1);
           ok2 = ok2 && edge_ok(e2);
         }
-        if (ok1) *reinterpret_cast<DotRaw*>(p.dot_out + at1 * kH) = as_raw(dw1);
-        if (ok2) *reinterpret_cast<DotRaw*>(p.dot_out + at2 * kH) = as_raw(dw2);
+        if (ok1) store_once(reinterpret_cast<DotRaw*>(p.dot_out + at1 * kH), as_raw(dw1));
+        if (ok2) store_once(reinterpret_cast<DotRaw*>(p.dot_out + at2 * kH), as_raw(dw2));
       }
       if (es[1] >= n) break;
 #pragma unroll

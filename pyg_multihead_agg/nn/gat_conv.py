@@ -27,6 +27,9 @@ from ..adj import (
     csr_csc_from_torch_csr,
     invert_perm,
 )
+from ._compat import fake_safe_edge_index_repr
+
+fake_safe_edge_index_repr()  # for torch.compile with EdgeIndex inputs on torch 2.11
 
 # PyG's MessagePassing hook dictionaries: with any hook registered, the layer
 # takes PyG's path, where the hooks see the messages they expect.
