@@ -1,6 +1,6 @@
 """CSR / CSC helpers: validation and the transposed graph for the backward."""
 import weakref
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -179,8 +179,11 @@ class GraphCache:
 # Each returns (rowptr, col, (colptr, row, perm)) with rows = destinations,
 # as multihead_spmm expects, reusing whatever the container caches.
 
-def _same_index_dtype(rowptr: Tensor, col: Tensor, csc: CSC) -> Tuple[Tensor, Tensor, CSC]:
+def _same_index_dtype(rowptr: Tensor, col: Tensor,
+                      csc: Optional[CSC]) -> Tuple[Tensor, Tensor, Optional[CSC]]:
     dtype = col.dtype
+    if csc is None:
+        return rowptr.to(dtype), col, None
     colptr, row, perm = csc
     return (rowptr.to(dtype), col, (colptr.to(dtype), row.to(dtype), perm.to(dtype)))
 
@@ -241,7 +244,8 @@ def csr_csc_from_torch_csr(adj_t: Tensor) -> Tuple[Tensor, Tensor, CSC]:
     return rowptr, col, csr_to_csc(rowptr, col, adj_t.size(1))
 
 
-def csr_csc_from_edge_index(edge_index, num_src: int, num_dst: int) -> Tuple[Tensor, Tensor, CSC]:
+def csr_csc_from_edge_index(edge_index, num_src: int, num_dst: int,
+                            need_csc: bool = True) -> Tuple[Tensor, Tensor, Optional[CSC]]:
     r"""CSR (over destinations) and CSC (over sources) of a PyG
     :class:`~torch_geometric.EdgeIndex` sorted by column, taken from its
     caches: :meth:`get_csc` gives :obj:`(rowptr, col)` and :meth:`get_csr`
@@ -252,7 +256,9 @@ def csr_csc_from_edge_index(edge_index, num_src: int, num_dst: int) -> Tuple[Ten
     :obj:`_T_index` cache is not part of the traced subclass state, and
     cache writes on graph inputs fail), so the flattened caches
     :obj:`_indptr`, :obj:`_T_indptr` and :obj:`_T_perm` are read directly and
-    anything missing is computed without being cached.
+    anything missing is computed without being cached. With
+    :obj:`need_csc=False` the CSC is :obj:`None` (a forward without
+    gradients: in a compiled graph, nothing of it is computed).
     """
     if not edge_index.is_sorted_by_col:
         raise ValueError("edge_index must be an EdgeIndex sorted by column (destination); "
@@ -262,6 +268,9 @@ def csr_csc_from_edge_index(edge_index, num_src: int, num_dst: int) -> Tuple[Ten
         rowptr = edge_index._indptr
         if rowptr is None:
             rowptr = index2ptr(dst, num_dst).to(dst.dtype)
+        if not need_csc:
+            return _same_index_dtype(_fit_ptr(rowptr, num_dst, "edge_index (destinations)"),
+                                     src, None)
         perm = edge_index._T_perm
         colptr = edge_index._T_indptr
         if perm is None or colptr is None:
@@ -271,6 +280,9 @@ def csr_csc_from_edge_index(edge_index, num_src: int, num_dst: int) -> Tuple[Ten
         col = src
     else:
         (rowptr, col), _ = edge_index.get_csc()
+        if not need_csc:
+            return _same_index_dtype(_fit_ptr(rowptr, num_dst, "edge_index (destinations)"),
+                                     col, None)
         (colptr, row), perm = edge_index.get_csr()
     rowptr = _fit_ptr(rowptr, num_dst, "edge_index (destinations)")
     colptr = _fit_ptr(colptr, num_src, "edge_index (sources)")

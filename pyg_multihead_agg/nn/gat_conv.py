@@ -514,7 +514,10 @@ class GATConv(PyGGATConv):
             if isinstance(edge_index, SparseTensor):
                 cached = csr_csc_from_sparse_tensor(edge_index)
             else:
-                cached = csr_csc_from_edge_index(edge_index, *sizes)
+                # Eager calls cache the CSC with the CSR for any later
+                # backward; a compiled graph builds only what it needs.
+                cached = csr_csc_from_edge_index(edge_index, *sizes,
+                                                 need_csc=need_csc or not is_compiling())
             cached = compact_indices(*cached, num_src)
             if is_compiling():
                 return (*cached, None)
