@@ -358,6 +358,10 @@ def _bar_chart(path: str, title: str, meta: Dict[str, Any], rows: List[Row],
     groups = list(dict.fromkeys((r.shape, r.dtype, r.pass_) for r in rows))
     if methods is None:
         methods = [m for m in dict.fromkeys(r.method for r in rows) if m not in peers]
+    # One panel per peer that ran (a run limited by --methods may lack one).
+    peers = [p for p in peers if any(p in r.speedup for r in rows)]
+    if not peers:
+        return False
     fig, axes = plt.subplots(len(peers), 1, figsize=(max(8.0, 1.1 * len(groups) * 1.6), 4.2 *
                                                     len(peers)), squeeze=False)
     speedups = {(r.shape, r.dtype, r.pass_, r.method): r.speedup for r in rows}
