@@ -265,25 +265,22 @@ def csr_csc_from_edge_index(edge_index, num_src: int, num_dst: int,
                          "use edge_index.sort_by('col')")
     if is_compiling():
         src, dst = edge_index.as_tensor()[0], edge_index.as_tensor()[1]
-        rowptr = edge_index._indptr
+        rowptr, col = edge_index._indptr, src
         if rowptr is None:
             rowptr = index2ptr(dst, num_dst).to(dst.dtype)
-        if not need_csc:
-            return _same_index_dtype(_fit_ptr(rowptr, num_dst, "edge_index (destinations)"),
-                                     src, None)
+    else:
+        (rowptr, col), _ = edge_index.get_csc()
+    rowptr = _fit_ptr(rowptr, num_dst, "edge_index (destinations)")
+    if not need_csc:
+        return _same_index_dtype(rowptr, col, None)
+    if is_compiling():
         perm = edge_index._T_perm
         colptr = edge_index._T_indptr
         if perm is None or colptr is None:
-            colptr, row, perm = csr_to_csc(_fit_ptr(rowptr, num_dst, "edge_index"), src, num_src)
+            colptr, row, perm = csr_to_csc(rowptr, col, num_src)
         else:
             row = dst[perm]
-        col = src
     else:
-        (rowptr, col), _ = edge_index.get_csc()
-        if not need_csc:
-            return _same_index_dtype(_fit_ptr(rowptr, num_dst, "edge_index (destinations)"),
-                                     col, None)
         (colptr, row), perm = edge_index.get_csr()
-    rowptr = _fit_ptr(rowptr, num_dst, "edge_index (destinations)")
     colptr = _fit_ptr(colptr, num_src, "edge_index (sources)")
     return _same_index_dtype(rowptr, col, (colptr, row, perm))
