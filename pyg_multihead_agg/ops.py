@@ -7,7 +7,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .adj import CSC, check_csc, check_csr, check_perm_inv, csr_to_csc
+from .graph import CSC, check_csc, check_csr, check_perm_inv, csr_to_csc
 
 _ops = torch.ops.pyg_multihead_agg
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -41,7 +41,7 @@ def multihead_spmm(rowptr: Tensor, col: Tensor, weight: Tensor, x: Tensor,
             first; raises
             :class:`ValueError` on malformed input. Costs a host sync.
         perm_inv (torch.Tensor, optional): with :obj:`csc`, the inverse of its
-            :obj:`perm` (:func:`~pyg_multihead_agg.adj.invert_perm`). The
+            :obj:`perm` (:func:`~pyg_multihead_agg.invert_perm`). The
             CUDA backward then writes the weight gradient in CSC order and
             gathers it into edge order in a second pass, instead of writing
             it at random edge ids: same results, less time on large graphs,
@@ -280,7 +280,7 @@ def gat_attention(rowptr: Tensor, col: Tensor, s_src: Tensor, s_dst: Tensor, x: 
             (which takes :obj:`out - bias`) instead of the attention output
             and a biased copy.
         perm_inv (torch.Tensor, optional): with :obj:`csc`, the inverse of its
-            :obj:`perm` (:func:`~pyg_multihead_agg.adj.invert_perm`: the CSC
+            :obj:`perm` (:func:`~pyg_multihead_agg.invert_perm`: the CSC
             entry of each edge). The CUDA backward then keeps its per-edge
             logit gradients in CSC order instead of writing them to random
             edge ids: same results, 12-18% less time for the backward on

@@ -1,4 +1,5 @@
-"""examples/train_cora.py: a smoke test per adjacency type, and the full 10-seed run (slow)."""
+"""examples/train_cora.py: a smoke test per layer and adjacency type, and the full 10-seed run
+(slow)."""
 import importlib.util
 import json
 import os
@@ -12,7 +13,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "examples" / "train_cora.py"
-ADJS = ("sparse_tensor", "csr", "edge_index_sorted", "edge_index")
+ADJS = ("edge_index", "edge_index_sorted", "sparse_tensor", "csr")
 JSON_KEYS = {"test_acc_mean", "test_acc_std", "epoch_ms_median", "runs", "settings", "versions"}
 VERSION_KEYS = {"torch", "torch_geometric", "pyg_multihead_agg", "device"}
 
@@ -58,11 +59,16 @@ DEVICES = ["cpu", pytest.param("cuda", marks=[
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("adj", [_needs(a) for a in ADJS])
-def test_smoke(adj, device, data_root, tmp_path):
+@pytest.mark.parametrize("layer", ["ours", "pyg"])
+def test_smoke(layer, adj, device, data_root, tmp_path):
     json_path, plot_path = tmp_path / "result.json", tmp_path / "curves.png"
-    result = train_cora.main(["--root", str(data_root), "--adj", adj, "--device", device,
-                              "--epochs", "15", "--seed", "1", "--quiet",
-                              "--json", str(json_path), "--plot", str(plot_path)])
+    args = ["--root", str(data_root), "--layer", layer, "--adj", adj, "--device", device,
+            "--epochs", "15", "--seed", "1", "--quiet", "--json", str(json_path),
+            "--plot", str(plot_path)]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        result = train_cora.main(args)
+    ran_ours = "pyg_multihead_agg::gat_attention" in {e.name for e in prof.events()}
+    assert ran_ours == (layer == "ours")
     losses = result["runs"][0]["history"]["train_loss"]
     assert len(losses) == 15
     assert all(torch.isfinite(torch.tensor(losses)))
@@ -72,9 +78,9 @@ def test_smoke(adj, device, data_root, tmp_path):
     written = json.loads(json_path.read_text())
     assert JSON_KEYS <= written.keys()
     assert VERSION_KEYS <= written["versions"].keys()
-    assert written["settings"]["adj"] == adj
+    assert written["settings"]["adj"] == adj and written["settings"]["layer"] == layer
     assert written["settings"]["device"].startswith(device)
-    expected = "torch_geometric" if adj == "edge_index" else "pyg_multihead_agg"
+    expected = "torch_geometric" if layer == "pyg" else "pyg_multihead_agg"
     assert written["settings"]["conv"].startswith(expected)
     assert len(written["runs"]) == 1 and written["runs"][0]["seed"] == 1
     assert 0.0 <= written["test_acc_mean"] <= 1.0 and written["test_acc_std"] == 0.0
@@ -97,9 +103,17 @@ def test_script_runs_as_a_command(data_root, tmp_path):
     assert [run["seed"] for run in written["runs"]] == [0, 1]
 
 
+def test_compiled_model_on_the_prepared_adjacency(data_root):
+    result = train_cora.main(["--root", str(data_root), "--compile", "--epochs", "6",
+                              "--quiet"])
+    assert result["settings"]["compile"] and len(result["runs"][0]["history"]["train_loss"]) == 6
+
+
 def test_bad_arguments_are_named():
     with pytest.raises(SystemExit):
         train_cora.main(["--adj", "coo"])
+    with pytest.raises(SystemExit):
+        train_cora.main(["--layer", "dgl"])
     with pytest.raises(SystemExit):
         train_cora.main(["--runs", "0"])
 
@@ -119,12 +133,12 @@ def test_missing_data_names_root(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def pyg_full_run(data_root):
-    return train_cora.main(["--root", str(data_root), "--adj", "edge_index", "--runs", "10",
+    return train_cora.main(["--root", str(data_root), "--layer", "pyg", "--runs", "10",
                             "--quiet"])
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("adj", [_needs(a) for a in ADJS if a != "edge_index"])
+@pytest.mark.parametrize("adj", [_needs(a) for a in ADJS])
 def test_full_accuracy(adj, data_root, pyg_full_run):
     # The default device: CUDA where there is one.
     result = train_cora.main(["--root", str(data_root), "--adj", adj, "--runs", "10", "--quiet"])

@@ -244,6 +244,8 @@ def _graph(device):
 
 def _adj(kind, edge_index, num_src, num_dst):
     src, dst = edge_index
+    if kind == "edge_index":
+        return edge_index
     if kind == "edge_index_sorted":
         return EdgeIndex(edge_index, sparse_size=(num_src, num_dst), sort_order="col")
     if kind == "sparse_tensor":
@@ -255,8 +257,8 @@ def _adj(kind, edge_index, num_src, num_dst):
                                        size=(num_dst, num_src))
 
 
-KINDS = ["edge_index_sorted", "torch_csr", pytest.param("sparse_tensor", marks=pytest.mark.skipif(
-    not WITH_TORCH_SPARSE, reason="needs torch_sparse"))]
+KINDS = ["edge_index", "edge_index_sorted", "torch_csr", pytest.param(
+    "sparse_tensor", marks=pytest.mark.skipif(not WITH_TORCH_SPARSE, reason="needs torch_sparse"))]
 
 
 def layer_call(kind, device, *, loops=True, width=IN_CHANNELS, dtype=torch.float32,
@@ -301,9 +303,18 @@ LAYER_CASES = [
 ]
 
 
+# (A plain edge_index carries no sizes of its own to mismatch.)
+def _unwrap(kind):
+    return (kind.values[0], kind.marks) if hasattr(kind, "values") else (kind, ())
+
+
+LAYER_PAIRS = [pytest.param(case, name, id=f"{case.name}-{name}", marks=marks)
+               for case in LAYER_CASES for name, marks in map(_unwrap, KINDS)
+               if not (name == "edge_index" and case.name.startswith("adj_"))]
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("case", LAYER_CASES, ids=[c.name for c in LAYER_CASES])
+@pytest.mark.parametrize("case,kind", LAYER_PAIRS)
 def test_layer_rejects(case, kind, device):
     _check_raises(case._replace(call=lambda d: case.call(kind, d)), device)
     _next_valid_call_works(device)

@@ -1,11 +1,9 @@
-"""GATConv whose aggregation runs on the fused multi-head CSR operator."""
+"""GATConv on the fused GAT attention operator."""
 from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch_geometric import EdgeIndex, is_compiling
-from torch_geometric.index import ptr2index
 from torch_geometric.nn import GATConv as PyGGATConv
 from torch_geometric.typing import (
     Adj,
@@ -18,15 +16,8 @@ from torch_geometric.typing import (
 from torch_geometric.utils import add_self_loops, is_torch_sparse_tensor, remove_self_loops
 from torch_geometric.utils.sparse import set_sparse_value
 
+from .. import graph as graphs
 from .. import ops
-from ..adj import (
-    GraphCache,
-    compact_indices,
-    csr_csc_from_edge_index,
-    csr_csc_from_sparse_tensor,
-    csr_csc_from_torch_csr,
-    invert_perm,
-)
 from ._compat import fake_safe_edge_index_repr
 
 fake_safe_edge_index_repr()  # for torch.compile with EdgeIndex inputs on torch 2.11
@@ -81,13 +72,16 @@ def _chunked_at_b(a: Tensor, b: Tensor, chunk: int = 256) -> Tensor:
 
 class GATConv(PyGGATConv):
     r"""Drop-in replacement for :class:`torch_geometric.nn.GATConv` whose
-    neighbourhood aggregation runs on
-    :func:`pyg_multihead_agg.multihead_spmm` (one fused kernel over all
-    heads, deterministic atomic-free backward over a cached CSC) whenever the
-    adjacency is a :class:`torch_sparse.SparseTensor`, a
-    :obj:`torch.sparse_csr` tensor or an :class:`~torch_geometric.EdgeIndex`
-    sorted by column. A plain :obj:`edge_index` tensor (and a
-    :obj:`torch.sparse_coo` tensor) takes PyG's own message/aggregate path.
+    edge softmax, attention dropout and aggregation run in one fused,
+    deterministic kernel (:func:`pyg_multihead_agg.gat_attention`) for every
+    adjacency PyG accepts: a plain :obj:`edge_index` in any order, an
+    :class:`~torch_geometric.EdgeIndex` of any sort order, a
+    :class:`torch_sparse.SparseTensor` and a :obj:`torch.sparse` CSR or COO
+    :obj:`adj_t`. The :obj:`E x H` attention matrix and the
+    :obj:`E x H x C` messages are never stored: the backward recomputes them
+    from the row log-sum-exp. The adjacency goes through
+    :func:`pyg_multihead_agg.graph.prepare` (CSR, CSC and self-loops, cached
+    per graph in eager mode, traced under :func:`torch.compile`).
 
     .. math::
         \mathbf{x}^{\prime}_i = \sum_{j \in \mathcal{N}(i) \cup \{ i \}}
@@ -109,11 +103,18 @@ class GATConv(PyGGATConv):
 
     Constructor arguments, defaults, parameter names (a PyG
     :class:`~torch_geometric.nn.GATConv` :obj:`state_dict` loads as is),
-    return types and the self-loop, :obj:`edge_dim`, bipartite, dropout and
-    :obj:`residual` behaviour are PyG's. One difference: with
-    :obj:`add_self_loops=True` and a column-sorted :class:`EdgeIndex`, the
-    graph with self-loops is re-sorted by column (so the fused path still
-    applies) and :obj:`return_attention_weights` reports edges in that order.
+    return types (:obj:`return_attention_weights` included) and the
+    self-loop, :obj:`edge_dim`, :obj:`fill_value`, bipartite, dropout and
+    :obj:`residual` behaviour are PyG's. PyG's own unfused path runs only
+    where the fused kernel cannot serve: with PyG's message-passing hooks
+    or the explainer, with :obj:`decomposed_layers > 1`, for attention
+    weights after dropout in training (the fused kernel keeps no mask), with
+    :obj:`fused_attention=False`, and on CUDA for heads wider than the
+    backward kernel supports (:obj:`out_channels` above 128, or above 512
+    in float32 / 1024 in half types when a multiple of 4 / 8). The dropout
+    mask is drawn from a Philox stream keyed by :func:`torch.manual_seed`,
+    not PyG's, so training runs with dropout differ from PyG's in the mask
+    (not in distribution).
 
     Args:
         in_channels (int or tuple): Size of each input sample, or :obj:`-1` to
@@ -143,6 +144,12 @@ class GATConv(PyGGATConv):
             an additive bias. (default: :obj:`True`)
         residual (bool, optional): If set to :obj:`True`, the layer will add
             a learnable skip-connection. (default: :obj:`False`)
+        fused_attention (bool, optional): If set to :obj:`False`, the layer
+            runs PyG's edge softmax and aggregates with
+            :func:`pyg_multihead_agg.multihead_spmm` for sparse adjacencies
+            (:class:`SparseTensor`, :obj:`torch.sparse`, column-sorted
+            :class:`EdgeIndex`), PyG's gather/scatter otherwise.
+            (default: :obj:`True`)
         **kwargs (optional): Additional arguments of
             :class:`torch_geometric.nn.conv.MessagePassing`.
 
@@ -155,16 +162,25 @@ class GATConv(PyGGATConv):
           :class:`EdgeIndex`), or a sparse :obj:`adj_t` of shape
           :math:`(|\mathcal{V}_t|, |\mathcal{V}_s|)`,
           edge features :math:`(|\mathcal{E}|, D)` *(optional, in the
-          adjacency's edge order: CSR order for sparse :obj:`adj_t`)*
+          adjacency's edge order)*
         - **output:** node features :math:`(|\mathcal{V}|, H * F_{out})` or
           :math:`(|\mathcal{V}_t|, H * F_{out})` if bipartite
           (:math:`F_{out}` instead of :math:`H * F_{out}` if
           :obj:`concat=False`).
-          If :obj:`return_attention_weights=True`, additionally
+          If :obj:`return_attention_weights=True`, additionally PyG's
           :math:`((2, |\mathcal{E}|), (|\mathcal{E}|, H))` for edge indices,
           a :class:`SparseTensor` holding the weights for a
           :class:`SparseTensor`, or :math:`(\text{sparse}, (|\mathcal{E}|, H))`
-          for a :obj:`torch.sparse` tensor.
+          for a :obj:`torch.sparse` tensor, with self-loops where PyG adds them.
+
+    Example:
+        >>> import torch
+        >>> from pyg_multihead_agg.nn import GATConv
+        >>> conv = GATConv(16, 8, heads=4)
+        >>> x = torch.randn(5, 16)
+        >>> edge_index = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]])
+        >>> conv(x, edge_index).shape
+        torch.Size([5, 32])
     """
     SUPPORTS_FUSED_EDGE_INDEX = True
 
@@ -189,42 +205,47 @@ class GATConv(PyGGATConv):
         size: Size = None,
         return_attention_weights: Optional[bool] = None,
     ) -> Union[Tensor, Tuple[Tensor, Tuple[Tensor, Tensor]], Tuple[Tensor, SparseTensor]]:
+        r"""Runs the layer.
+
+        Args:
+            x (torch.Tensor or (torch.Tensor, torch.Tensor)): The node
+                features, or a pair (source, destination) for a bipartite
+                graph (the destination may be :obj:`None`).
+            edge_index (torch.Tensor or EdgeIndex or SparseTensor): The
+                graph: :obj:`[2, E]` (source, destination) in any order, an
+                :class:`EdgeIndex`, or a sparse :obj:`adj_t`.
+            edge_attr (torch.Tensor, optional): Edge features :obj:`[E, D]`
+                in the adjacency's edge order. (default: :obj:`None`)
+            size ((int, int), optional): The shape of the adjacency,
+                :obj:`(num_src, num_dst)`. (default: :obj:`None`)
+            return_attention_weights (bool, optional): If set to
+                :obj:`True`, also returns the edges (with self-loops where
+                PyG adds them) and their attention weights, as PyG does.
+                (default: :obj:`None`)
+        """
         if (self.add_self_loops and edge_attr is not None
                 and is_torch_sparse_tensor(edge_index)):
-            # PyG's own message for SparseTensor; for torch.sparse PyG fails
-            # with a bare AssertionError deep inside remove_self_loops.
+            # PyG fails here with a bare AssertionError inside remove_self_loops.
             raise NotImplementedError(
                 "The usage of 'edge_attr' and 'add_self_loops' simultaneously is not supported "
                 "for 'edge_index' as a torch.sparse tensor: add the self-loops to the graph "
                 "beforehand and set 'add_self_loops=False'")
-        self._check_index_range(x, edge_index, size)
-        loops_added = False
-        if self.add_self_loops and self._adds_own_self_loops(edge_index, edge_attr):
-            num_nodes = self._num_loop_nodes(x, size)
-            if isinstance(edge_index, EdgeIndex):
-                edge_index, edge_attr = self._self_loops_sorted(edge_index, edge_attr, num_nodes)
-            else:
-                edge_index = _sparse_self_loops(self._loops_cache, edge_index, num_nodes)
-            loops_added = True
-        if ((loops_added or not self.add_self_loops)
-                and self._uses_fused_attention(x, edge_index, return_attention_weights)):
+        if (self.add_self_loops and self.edge_dim is not None
+                and isinstance(edge_index, SparseTensor)):
+            raise NotImplementedError(
+                "The usage of 'edge_attr' and 'add_self_loops' simultaneously is currently not "
+                "yet supported for 'edge_index' in a 'SparseTensor' form")
+        if self._uses_fused_attention(x, edge_index, return_attention_weights):
             return self._fused_forward(x, edge_index, edge_attr, size, return_attention_weights)
-        if not loops_added:
-            return super().forward(x, edge_index, edge_attr, size, return_attention_weights)
-        # The parent must not add them a second time.
-        self.add_self_loops = False
-        try:
-            return super().forward(x, edge_index, edge_attr, size, return_attention_weights)
-        finally:
-            self.add_self_loops = True
+        self._check_index_range(x, edge_index, size)
+        return super().forward(x, edge_index, edge_attr, size, return_attention_weights)
 
     def _uses_fused_attention(self, x: Union[Tensor, OptPairTensor], edge_index: Adj,
                               return_attention_weights: Optional[bool]) -> bool:
         # The fused attention op (softmax + dropout + aggregation in one
-        # kernel) needs compressed rows, no PyG hooks or explainer that would
-        # observe the per-edge messages, and, on CUDA, a head width its
-        # backward kernel handles. Attention weights after dropout are PyG's
-        # unfused path (the mask is not materialised by the fused op).
+        # kernel) is taken unless PyG hooks or the explainer must observe the
+        # per-edge messages, or the attention weights after dropout are asked
+        # for (the fused op does not materialise the mask).
         if not getattr(self, "fused_attention", True) or self.decomposed_layers > 1:
             return False
         if getattr(self, "_explain", None) or any(
@@ -232,16 +253,10 @@ class GATConv(PyGGATConv):
             return False
         if return_attention_weights and self.training and self.dropout > 0:
             return False
-        if isinstance(edge_index, EdgeIndex):
-            if not edge_index.is_sorted_by_col:
-                return False
-        elif not (isinstance(edge_index, SparseTensor) or (
-                is_torch_sparse_tensor(edge_index) and edge_index.layout == torch.sparse_csr)):
-            return False
         x_src = x if isinstance(x, Tensor) else x[0]
         if x_src.is_cuda:
-            # A head of D channels must fit one chunk of the CUDA backward:
-            # 128 16-byte vectors, or 128 elements when D is not a multiple
+            # A head of C channels must fit one chunk of the CUDA backward:
+            # 128 16-byte vectors, or 128 elements when C is not a multiple
             # of the vector width.
             vec = 16 // self._fused_dtype(x_src).itemsize
             limit = 128 * vec if self.out_channels % vec == 0 else 128
@@ -290,9 +305,10 @@ class GATConv(PyGGATConv):
     def _fused_forward(self, x: Union[Tensor, OptPairTensor], edge_index: Adj,
                        edge_attr: OptTensor, size: Size,
                        return_attention_weights: Optional[bool]):
-        # PyG's GATConv.forward with edge_updater + propagate replaced by one
-        # call of the fused attention op (which adds the bias too); the
-        # projections, residual and the size checks are PyG's own.
+        # PyG's GATConv.forward with the self-loops, edge_updater and
+        # propagate replaced by the graph-preparation step and one call of the
+        # fused attention op (which adds the bias too); the projections,
+        # residual and size checks are PyG's own.
         H, C = self.heads, self.out_channels
         res: Optional[Tensor] = None
         if isinstance(x, Tensor):
@@ -331,18 +347,23 @@ class GATConv(PyGGATConv):
         num_src = sizes[0] if sizes[0] is not None else x_src.size(0)
         num_dst = sizes[1] if sizes[1] is not None else (
             x_dst.size(0) if x_dst is not None else num_src)
+        loops = self._num_loop_nodes(x, size) if self.add_self_loops else None
 
+        # Edge scores in the caller's edge order, and those of the self-loops.
         alpha_edge: OptTensor = None
+        loop_alpha_edge: OptTensor = None
         if edge_attr is not None and self.lin_edge is not None:
             if edge_attr.dim() == 1:
                 edge_attr = edge_attr.view(-1, 1)
-            num_edges = _num_edges(edge_index)
+            num_edges = graphs.num_edges(edge_index)
             if edge_attr.size(0) != num_edges:
                 raise RuntimeError(
                     f"edge_attr must have one row per edge: its size ({edge_attr.size(0)}) "
                     f"must match the size of the edge dimension ({num_edges})")
-            edge_feat = self.lin_edge(edge_attr).view(-1, H, C)
-            alpha_edge = (edge_feat * self.att_edge).sum(dim=-1)
+            alpha_edge = self._edge_scores(edge_attr)
+            if loops is not None:
+                loop_alpha_edge = self._edge_scores(
+                    graphs.loop_attr(edge_index, edge_attr, loops, self.fill_value))
         if alpha_dst is None:
             alpha_dst = alpha_src.new_zeros(num_dst, H)
 
@@ -364,12 +385,15 @@ class GATConv(PyGGATConv):
         # (The bias's gradient alone needs no CSC: the op's backward is a sum.)
         need_csc = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (x_src, alpha_src, alpha_dst, alpha_edge))
-        rowptr, col, csc, perm_inv = self._csr_csc(edge_index, num_src, num_dst, need_csc)
+        graph = graphs.prepare(edge_index, num_src, num_dst, self_loops=loops,
+                               need_csc=need_csc)
+        s_edge = None if alpha_edge is None else graph.to_csr_order(alpha_edge, loop_alpha_edge)
         out, lse = ops.gat_attention(
-            rowptr, col, alpha_src, alpha_dst, x_src, s_edge=alpha_edge,
-            negative_slope=self.negative_slope,
-            dropout=self.dropout if self.training else 0.0, csc=csc, bias=bias,
-            perm_inv=perm_inv)
+            graph.rowptr, graph.col, alpha_src, graph.pad_rows(alpha_dst), x_src,
+            s_edge=s_edge, negative_slope=self.negative_slope,
+            dropout=self.dropout if self.training else 0.0, csc=graph.csc, bias=bias,
+            perm_inv=graph.perm_inv)
+        out = graph.crop_rows(out)
 
         out = out.view(-1, H * C) if self.concat else out.mean(dim=1)
         if res is not None:
@@ -378,71 +402,53 @@ class GATConv(PyGGATConv):
             out = out + self.bias
         if not return_attention_weights:
             return out
-        # alpha from lse, in the adjacency's edge order (= CSR order).
-        dst = ptr2index(rowptr.long(), output_size=col.numel())
-        logit = alpha_src.to(lse.dtype)[col.long()] + alpha_dst.to(lse.dtype)[dst]
+        return out, self._attention_weights(edge_index, loops, alpha_src, alpha_dst, alpha_edge,
+                                            loop_alpha_edge, graph.crop_rows(lse))
+
+    def _edge_scores(self, edge_attr: Tensor) -> Tensor:
+        edge_feat = self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
+        return (edge_feat * self.att_edge).sum(dim=-1)
+
+    def _attention_weights(self, edge_index: Adj, loops: Optional[int], alpha_src: Tensor,
+                           alpha_dst: Tensor, alpha_edge: OptTensor, loop_alpha_edge: OptTensor,
+                           lse: Tensor):
+        # PyG's returned graph (with self-loops where PyG puts them), and the
+        # attention weights of its edges recomputed from the row log-sum-exp.
+        looped = edge_index
+        if loops is not None:
+            if isinstance(edge_index, SparseTensor):
+                looped = torch_sparse.set_diag(edge_index)
+            else:
+                src, dst = graphs.edge_coordinates(edge_index)
+                if alpha_edge is not None:
+                    alpha_edge = torch.cat([alpha_edge[src != dst], loop_alpha_edge])
+                looped, _ = remove_self_loops(edge_index)
+                looped, _ = add_self_loops(looped, num_nodes=loops)
+        src, dst = graphs.edge_coordinates(looped)
+        src, dst = src.long(), dst.long()
+        logit = alpha_src.to(lse.dtype)[src] + alpha_dst.to(lse.dtype)[dst]
         if alpha_edge is not None:
             logit = logit + alpha_edge.to(lse.dtype)
         alpha = torch.exp(F.leaky_relu(logit, self.negative_slope) - lse[dst])
         alpha = alpha.to(alpha_src.dtype)
-        if isinstance(edge_index, SparseTensor):
-            return out, edge_index.set_value(alpha, layout="coo")
-        if is_torch_sparse_tensor(edge_index):
-            return out, (set_sparse_value(edge_index, alpha), alpha)
-        return out, (edge_index, alpha)
+        if isinstance(looped, SparseTensor):
+            return looped.set_value(alpha, layout="coo")
+        if is_torch_sparse_tensor(looped):
+            return set_sparse_value(looped, alpha), alpha
+        return looped, alpha
 
     def _check_index_range(self, x: Union[Tensor, OptPairTensor], edge_index: Adj,
                            size: Size) -> None:
-        # On the CPU, PyG's gathers turn an out-of-range edge_index into an
-        # IndexError; on CUDA they fail with a device-side assert that leaves
-        # the CUDA context unusable, and the fused path gathers nothing before
-        # its kernel. Check the range once per graph instead (one host sync,
-        # cached like the CSC; skipped inside compiled graphs).
-        if (not isinstance(edge_index, Tensor)
-                or is_torch_sparse_tensor(edge_index) or is_compiling()
-                or edge_index.dim() != 2 or edge_index.numel() == 0):
+        # PyG's own path: on the CPU its gathers turn an out-of-range index
+        # into an IndexError, on CUDA into a device-side assert that leaves
+        # the CUDA context unusable. Check once per graph instead.
+        if (not isinstance(edge_index, Tensor) or is_torch_sparse_tensor(edge_index)
+                or edge_index.dim() != 2):
             return
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
         x_dst = x_src if x_dst is None else x_dst
         bounds = (size[0], size[1]) if size is not None else (x_src.size(0), x_dst.size(0))
-        if self._range_cache.get(edge_index, bounds) is not None:
-            return
-        index = edge_index.as_tensor() if isinstance(edge_index, EdgeIndex) else edge_index
-        lo, hi = torch.stack([index.amin(dim=1), index.amax(dim=1)]).tolist()
-        for dim, name in ((0, "source"), (1, "destination")):
-            if lo[dim] < 0 or hi[dim] >= bounds[dim]:
-                raise IndexError(
-                    f"Found indices in 'edge_index' that are larger than {bounds[dim] - 1} "
-                    f"(got {hi[dim]}) or negative (got {lo[dim]}) in its {name} row. Please "
-                    f"ensure that all indices in 'edge_index' point to valid indices in the "
-                    f"interval [0, {bounds[dim]}) in your node feature matrix and try again.")
-        self._range_cache.put(edge_index, bounds, True)
-
-    # Created on first use (not in __init__, which is PyG's) and kept out of
-    # the module's state: see GraphCache.
-    @property
-    def _loops_cache(self) -> GraphCache:
-        return self.__dict__.setdefault("_loops_cache_", GraphCache())
-
-    @property
-    def _range_cache(self) -> GraphCache:
-        return self.__dict__.setdefault("_range_cache_", GraphCache())
-
-    @property
-    def _csc_cache(self) -> GraphCache:
-        return self.__dict__.setdefault("_csc_cache_", GraphCache())
-
-    def _adds_own_self_loops(self, edge_index: Adj, edge_attr: OptTensor) -> bool:
-        # Column-sorted EdgeIndex: PyG's concatenation would lose the sort
-        # order and with it the fused path. SparseTensor / torch.sparse: PyG's
-        # self-loop code cannot be traced by torch.compile, so it runs outside
-        # the graph. The cases PyG rejects (edge features with sparse inputs)
-        # are left to PyG and its error.
-        if isinstance(edge_index, EdgeIndex):
-            return edge_index.is_sorted_by_col
-        if isinstance(edge_index, SparseTensor):
-            return self.edge_dim is None
-        return is_torch_sparse_tensor(edge_index)
+        graphs.check_index(edge_index, *bounds)
 
     @staticmethod
     def _num_loop_nodes(x: Union[Tensor, OptPairTensor], size: Size) -> int:
@@ -453,127 +459,16 @@ class GATConv(PyGGATConv):
             num_nodes = min(num_nodes, x_dst.size(0))
         return min(size) if size is not None else num_nodes
 
-    def _self_loops_sorted(self, edge_index: EdgeIndex, edge_attr: OptTensor,
-                           num_nodes: int) -> Tuple[EdgeIndex, OptTensor]:
-        # Eager calls on the same graph reuse the result (and so its CSR/CSC
-        # caches); with edge features the permutation would have to be kept
-        # too, so those are rebuilt.
-        use_cache = edge_attr is None and not is_compiling()
-        if use_cache:
-            cached = self._loops_cache.get(edge_index, num_nodes)
-            if cached is not None:
-                return cached, None
-        looped, edge_attr = remove_self_loops(edge_index, edge_attr)
-        looped, edge_attr = add_self_loops(looped, edge_attr, fill_value=self.fill_value,
-                                           num_nodes=num_nodes)
-        # Stable: within a destination, the original edges keep their order
-        # and the self-loop comes last.
-        looped, perm = looped.sort_by("col", stable=True)
-        if edge_attr is not None and perm is not None:
-            edge_attr = edge_attr[perm]
-        if use_cache:
-            self._loops_cache.put(edge_index, num_nodes, looped)
-        return looped, edge_attr
-
     def message_and_aggregate(self, edge_index: Adj, x: OptPairTensor, alpha: Tensor) -> Tensor:
-        # Called by PyG's propagate for sparse adjacencies and column-sorted
-        # EdgeIndex; alpha [E, H] arrives in the adjacency's edge order, which
-        # is the CSR-over-destinations order in all fused cases.
+        # PyG's propagate calls this for sparse adjacencies (SparseTensor,
+        # torch.sparse, column-sorted EdgeIndex) when fused_attention=False;
+        # alpha [E, H] arrives in the adjacency's edge order.
         x_src, x_dst = x
-        if isinstance(edge_index, (SparseTensor, EdgeIndex)) or (
-                is_torch_sparse_tensor(edge_index) and edge_index.layout == torch.sparse_csr):
-            # x_dst fixes the output size (PyG checked it against any declared
-            # sparse size); an EdgeIndex's inferred size may miss trailing
-            # isolated nodes.
-            num_dst = x_src.size(0) if x_dst is None else x_dst.size(0)
-            if isinstance(edge_index, EdgeIndex) and x_dst is None \
-                    and edge_index.num_cols is not None:
-                num_dst = edge_index.num_cols
-            need_csc = torch.is_grad_enabled() and (alpha.requires_grad or x_src.requires_grad)
-            rowptr, col, csc, perm_inv = self._csr_csc(edge_index, x_src.size(0), num_dst,
-                                                      need_csc)
-        else:
-            # torch.sparse_coo: no compressed rows to fuse over, so do what
-            # PyG's unfused path does.
-            row, col = edge_index.indices()
-            msg = self.message(x_src.index_select(0, col), alpha)
-            return self.aggregate(msg, row, dim_size=edge_index.size(0))
-        return ops.multihead_spmm(rowptr, col, alpha, x_src, csc=csc, perm_inv=perm_inv)
-
-    def _csr_csc(self, edge_index: Adj, num_src: int, num_dst: int, need_csc: bool):
-        """(rowptr, col, csc, perm_inv) of a fused adjacency, rows =
-        destinations; the extraction is cached per adjacency object for eager
-        calls, with the inverse of the CSC's perm on CUDA (see _with_perm_inv;
-        None under torch.compile, which does not cache)."""
-        if is_torch_sparse_tensor(edge_index):
-            # The forward does not read the CSC: build it only for a backward.
-            return _torch_csr_with_csc(self._csc_cache, edge_index, need_csc)
-        sizes = (num_src, num_dst)
-        cached = None if is_compiling() else self._csc_cache.get(edge_index, sizes)
-        if cached is None:
-            if isinstance(edge_index, SparseTensor):
-                cached = csr_csc_from_sparse_tensor(edge_index)
-            else:
-                # Eager calls cache the CSC with the CSR for any later
-                # backward; a compiled graph builds only what it needs.
-                cached = csr_csc_from_edge_index(edge_index, *sizes,
-                                                 need_csc=need_csc or not is_compiling())
-            cached = compact_indices(*cached, num_src)
-            if is_compiling():
-                return (*cached, None)
-            cached = _with_perm_inv(*cached)
-            self._csc_cache.put(edge_index, sizes, cached)
-        return cached
-
-
-def _num_edges(adj: Adj) -> int:
-    if isinstance(adj, SparseTensor):
-        return adj.nnz()
-    if is_torch_sparse_tensor(adj):
-        return adj._nnz()
-    return adj.size(1)
-
-
-@torch.compiler.disable
-def _sparse_self_loops(cache: GraphCache, adj_t, num_nodes: int):
-    """PyG's self-loop step for sparse adjacencies, once per graph, kept out
-    of compiled graphs: torch_sparse's ops and torch.sparse tensors cannot be
-    traced."""
-    looped = cache.get(adj_t, num_nodes)
-    if looped is not None:
-        return looped
-    if isinstance(adj_t, SparseTensor):
-        # The CSR/CSC caches are built here too: torch_sparse's ind2ptr
-        # cannot be traced either.
-        looped = torch_sparse.set_diag(adj_t).fill_cache_()
-    else:
-        looped, _ = remove_self_loops(adj_t)
-        looped, _ = add_self_loops(looped, num_nodes=num_nodes)
-    cache.put(adj_t, num_nodes, looped)
-    return looped
-
-
-@torch.compiler.disable
-def _torch_csr_with_csc(cache: GraphCache, adj_t: Tensor, need_csc: bool):
-    # Once a backward has needed the CSC, the CSR and CSC are cached together
-    # (compacted to int32 where they fit); before that, the forward reads the
-    # tensor's own indices.
-    cached = cache.get(adj_t, None)
-    if cached is None and need_csc:
-        cached = _with_perm_inv(*compact_indices(*csr_csc_from_torch_csr(adj_t), adj_t.size(1)))
-        cache.put(adj_t, None, cached)
-    if cached is None:
-        return adj_t.crow_indices(), adj_t.col_indices(), None, None
-    return cached if need_csc else (*cached[:2], None, None)
-
-
-def _with_perm_inv(rowptr: Tensor, col: Tensor, csc):
-    # A cached graph's CSC with the inverse of its perm, on CUDA: the fused
-    # backward (and, without fused attention, the spmm backward) then keeps
-    # its per-edge gradients in CSC order (written as it walks the CSC, not
-    # at random edge ids; see gat_attention, multihead_spmm). One scatter per
-    # graph. The CPU kernels do not use it.
-    perm_inv = None
-    if csc is not None and csc[2].is_cuda:
-        perm_inv = invert_perm(csc[2])
-    return rowptr, col, csc, perm_inv
+        num_dst = x_src.size(0) if x_dst is None else x_dst.size(0)
+        sizes = self._check_input(edge_index, None)
+        if sizes[1] is not None and x_dst is None:
+            num_dst = sizes[1]
+        need_csc = torch.is_grad_enabled() and (alpha.requires_grad or x_src.requires_grad)
+        graph = graphs.prepare(edge_index, x_src.size(0), num_dst, need_csc=need_csc)
+        return ops.multihead_spmm(graph.rowptr, graph.col, graph.to_csr_order(alpha), x_src,
+                                  csc=graph.csc, perm_inv=graph.perm_inv)

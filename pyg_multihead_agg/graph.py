@@ -1,0 +1,660 @@
+r"""The one graph-preparation step of the layers.
+
+Every adjacency PyG accepts (a plain :obj:`edge_index` in any order, an
+:class:`~torch_geometric.EdgeIndex` of any sort order, a
+:class:`torch_sparse.SparseTensor`, a :obj:`torch.sparse` CSR or COO tensor)
+becomes one :class:`Graph`: the CSR over destinations that the kernels walk,
+the CSC for an atomic-free backward, the inverse of its permutation, and the
+permutation from the caller's edge order to CSR order (for edge features in,
+attention weights out). Self-loops are added as PyG adds them.
+
+:func:`prepare` is called once per forward by each layer. Eagerly it caches
+its result per adjacency object (shared by every layer that sees the same
+object, dropped with the object, rebuilt when its indices are edited in
+place), so a graph used step after step is converted once and a new graph
+(a mini-batch) is converted once per step, for all layers together. Under
+:func:`torch.compile` the conversion is traced into the graph with shapes
+that do not depend on index values (no host sync, no recompilation when the
+graph size changes); :func:`prepare_adjacency` computes it once outside the
+compiled region instead.
+"""
+import copy
+import weakref
+from typing import Any, Dict, NamedTuple, Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+from torch_geometric import EdgeIndex, is_compiling
+from torch_geometric.index import ptr2index
+from torch_geometric.typing import SparseTensor
+from torch_geometric.utils import scatter
+
+CSC = Tuple[Tensor, Tensor, Tensor]
+_INT32_MAX = 2**31 - 1
+
+
+# ---------------------------------------------------------------------------
+# Validation of user-supplied CSR / CSC (the ops' ``validate=True``)
+# ---------------------------------------------------------------------------
+
+def check_csr(rowptr: Tensor, col: Tensor, num_src: int, *, ptr_name: str = "rowptr",
+              idx_name: str = "col") -> None:
+    r"""Raises :class:`ValueError` unless :obj:`(rowptr, col)` is a valid CSR
+    over :obj:`num_src` columns: :obj:`rowptr` starts at 0, never decreases
+    and ends at :obj:`col.numel()`, and every :obj:`col` entry lies in
+    :obj:`[0, num_src)`. Costs a few reductions and one host sync.
+
+    Example:
+        >>> import torch, pyg_multihead_agg as pma
+        >>> pma.check_csr(torch.tensor([0, 1, 2]), torch.tensor([1, 0]), num_src=2)
+        >>> pma.check_csr(torch.tensor([0, 1, 2]), torch.tensor([1, 5]), num_src=2)
+        Traceback (most recent call last):
+        ...
+        ValueError: col entries must lie in [0, 2), got values in [1, 5]
+    """
+    for name, t in ((ptr_name, rowptr), (idx_name, col)):
+        if not isinstance(t, Tensor) or t.dim() != 1 or t.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name} must be a 1-D int32 or int64 tensor, got "
+                             f"{getattr(t, 'dtype', type(t))} with shape "
+                             f"{tuple(getattr(t, 'shape', ()))}")
+    if rowptr.dtype != col.dtype:
+        raise ValueError(f"{ptr_name} and {idx_name} must have the same dtype, got "
+                         f"{rowptr.dtype} and {col.dtype}")
+    if rowptr.numel() < 1:
+        raise ValueError(f"{ptr_name} must have at least one element (num_rows + 1)")
+    first, last = int(rowptr[0]), int(rowptr[-1])
+    if first != 0:
+        raise ValueError(f"{ptr_name}[0] must be 0, got {first}")
+    if last != col.numel():
+        raise ValueError(f"{ptr_name}[-1] must equal {idx_name}.numel() ({col.numel()}), "
+                         f"got {last}")
+    if rowptr.numel() > 1 and bool((rowptr.diff() < 0).any()):
+        bad = int((rowptr.diff() < 0).nonzero()[0])
+        raise ValueError(f"{ptr_name} must be non-decreasing, but {ptr_name}[{bad}] = "
+                         f"{int(rowptr[bad])} > {ptr_name}[{bad + 1}] = {int(rowptr[bad + 1])}")
+    if col.numel() > 0:
+        lo, hi = int(col.min()), int(col.max())
+        if lo < 0 or hi >= num_src:
+            raise ValueError(f"{idx_name} entries must lie in [0, {num_src}), got values in "
+                             f"[{lo}, {hi}]")
+
+
+def check_csc(csc: CSC, rowptr: Tensor, col: Tensor, num_src: int) -> None:
+    r"""Raises :class:`ValueError` unless :obj:`csc = (colptr, row, perm)` is
+    the CSC of the CSR graph :obj:`(rowptr, col)` over :obj:`num_src`
+    sources: :obj:`colptr` has :obj:`num_src + 1` entries, :obj:`perm` is a
+    permutation of the edges, and CSC entry :obj:`k` is edge :obj:`perm[k]`,
+    from :obj:`row[k]` to the source whose range of :obj:`colptr` holds
+    :obj:`k` (the order within a source is free). A few passes over the edges
+    and one host sync.
+
+    Example:
+        >>> import torch, pyg_multihead_agg as pma
+        >>> rowptr, col = torch.tensor([0, 1, 3]), torch.tensor([1, 0, 1])
+        >>> pma.check_csc(pma.csr_to_csc(rowptr, col, 2), rowptr, col, num_src=2)
+    """
+    colptr, row, perm = csc
+    if not isinstance(colptr, Tensor) or colptr.dim() != 1 or colptr.numel() != num_src + 1:
+        raise ValueError(f"colptr must have num_src + 1 = {num_src + 1} entries (one more than "
+                         f"x.size(0)), got shape {tuple(getattr(colptr, 'shape', ()))}")
+    check_csr(colptr, row, rowptr.numel() - 1, ptr_name="colptr", idx_name="row")
+    num_edges = col.numel()
+    check_csr(colptr, perm, num_edges, ptr_name="colptr", idx_name="perm")
+    if num_edges == 0:
+        return
+    perm64 = perm.long()
+    if not bool((torch.bincount(perm64, minlength=num_edges) == 1).all()):
+        raise ValueError("perm must be a permutation of the edges (each of 0 .. E-1 once)")
+    source = ptr2index(colptr.long(), output_size=num_edges)
+    if not bool((col.long()[perm64] == source).all()):
+        raise ValueError("perm does not match the CSR: col[perm[k]] must be the source whose "
+                         "colptr range holds k")
+    row_of_edge = ptr2index(rowptr.long(), output_size=num_edges)
+    if not bool((row.long() == row_of_edge[perm64]).all()):
+        raise ValueError("row does not match the CSR: row[k] must be the destination of "
+                         "edge perm[k]")
+
+
+def check_perm_inv(perm_inv: Tensor, perm: Tensor) -> None:
+    r"""Raises :class:`ValueError` unless :obj:`perm_inv` is the inverse of
+    :obj:`perm` (:obj:`perm[perm_inv[e]] = e` for every edge). One host sync.
+    """
+    if (not isinstance(perm_inv, Tensor) or perm_inv.dim() != 1
+            or perm_inv.numel() != perm.numel() or perm_inv.dtype != perm.dtype):
+        raise ValueError(f"perm_inv must be a 1-D {perm.dtype} tensor of {perm.numel()} entries "
+                         "(one per edge, the dtype of perm), got "
+                         f"{getattr(perm_inv, 'dtype', type(perm_inv))} of shape "
+                         f"{tuple(getattr(perm_inv, 'shape', ()))}")
+    if perm.numel() == 0:
+        return
+    inv = perm_inv.long()
+    if bool(((inv < 0) | (inv >= perm.numel())).any()):
+        raise ValueError(f"perm_inv must hold CSC entries in [0, {perm.numel()})")
+    if not bool((perm.long()[inv] == torch.arange(perm.numel(), device=perm.device)).all()):
+        raise ValueError("perm_inv must be the inverse of perm: perm[perm_inv[e]] == e")
+
+
+# ---------------------------------------------------------------------------
+# Building blocks (traceable: sizes come from shapes, never from values)
+# ---------------------------------------------------------------------------
+
+def _ptr(sorted_index: Tensor, size: int) -> Tensor:
+    # Compressed pointers of a sorted index: searchsorted rather than
+    # index2ptr, whose CUDA kernel writes out of bounds for an index value
+    # past `size` (a malformed graph must not corrupt memory).
+    bounds = torch.arange(size + 1, dtype=sorted_index.dtype, device=sorted_index.device)
+    return torch.searchsorted(sorted_index, bounds, out_int32=sorted_index.dtype == torch.int32)
+
+
+def csr_to_csc(rowptr: Tensor, col: Tensor, num_src: int) -> CSC:
+    r"""The CSC :obj:`(colptr, row, perm)` of a CSR graph, in the index dtype
+    of :obj:`col`: :obj:`colptr` points into :obj:`row` per source node,
+    :obj:`row[k]` is the destination of CSC entry :obj:`k` and
+    :obj:`perm[k]` its position in the CSR. A stable sort, so the result is
+    deterministic; traceable by :func:`torch.compile`.
+
+    Example:
+        >>> import torch, pyg_multihead_agg as pma
+        >>> colptr, row, perm = pma.csr_to_csc(torch.tensor([0, 1, 3]),
+        ...                                    torch.tensor([1, 0, 1]), num_src=2)
+        >>> colptr.tolist(), row.tolist(), perm.tolist()
+        ([0, 1, 3], [1, 0, 1], [1, 0, 2])
+    """
+    row = ptr2index(rowptr, output_size=col.numel())
+    return _csc_of(row.to(col.dtype), col, num_src)
+
+
+def _csc_of(row: Tensor, col: Tensor, num_src: int) -> CSC:
+    # (row, col) in CSR order -> (colptr, row, perm) in the dtype of col.
+    col_sorted, perm = torch.sort(col, stable=True)
+    return _ptr(col_sorted, num_src).to(col.dtype), row[perm], perm.to(col.dtype)
+
+
+def invert_perm(perm: Tensor) -> Tensor:
+    r"""The inverse of a CSC's :obj:`perm` (:func:`csr_to_csc`): for each edge
+    :obj:`e` in CSR order, the CSC entry :obj:`k` with :obj:`perm[k] = e`, in
+    the dtype and on the device of :obj:`perm`. Passed as :obj:`perm_inv` to
+    :func:`~pyg_multihead_agg.gat_attention` or
+    :func:`~pyg_multihead_agg.multihead_spmm`, it lets the CUDA backward keep
+    its per-edge gradients in CSC order. One scatter over the edges.
+
+    Example:
+        >>> import torch, pyg_multihead_agg as pma
+        >>> pma.invert_perm(torch.tensor([1, 0, 2])).tolist()
+        [1, 0, 2]
+    """
+    inv = torch.empty_like(perm)
+    return inv.scatter_(0, perm.long(), torch.arange(perm.numel(), device=perm.device,
+                                                      dtype=perm.dtype))
+
+
+def _fits_int32(*sizes: int) -> bool:
+    return all(s <= _INT32_MAX for s in sizes)
+
+
+def _index_dtype(device: torch.device, *sizes: int) -> torch.dtype:
+    # int32 on CUDA where every value fits: the kernels' int32 path loads the
+    # next step's indices ahead and moves half the index bytes (docs/performance.md).
+    return torch.int32 if device.type == "cuda" and _fits_int32(*sizes) else torch.int64
+
+
+# ---------------------------------------------------------------------------
+# The prepared graph
+# ---------------------------------------------------------------------------
+
+class Graph(NamedTuple):
+    r"""A graph as the kernels read it (rows are destinations).
+
+    Attributes:
+        rowptr (torch.Tensor): :obj:`[num_rows + 1]` CSR pointers.
+        col (torch.Tensor): :obj:`[E']` source of each CSR entry.
+        csc ((torch.Tensor, torch.Tensor, torch.Tensor), optional): the CSC
+            :obj:`(colptr, row, perm)`, built when a backward needs it.
+        perm_inv (torch.Tensor, optional): the inverse of :obj:`perm` (CUDA).
+        edge_perm (torch.Tensor, optional): for each CSR entry, the position
+            of its edge in the caller's edge order, where the self-loop of
+            node :obj:`k` is edge :obj:`num_edges + k`; :obj:`None` when the
+            CSR order is the caller's order.
+        num_dst (int): the destination nodes. Under :func:`torch.compile`
+            with self-loops the CSR has one more row, after these, that holds
+            the caller's own self-loops (PyG removes them before adding its
+            own; their number is known only from the values, so they are set
+            aside rather than removed). That row's output is discarded.
+    """
+    rowptr: Tensor
+    col: Tensor
+    csc: Optional[CSC]
+    perm_inv: Optional[Tensor]
+    edge_perm: Optional[Tensor]
+    num_dst: int
+
+    @property
+    def has_spare_row(self) -> bool:
+        return self.rowptr.size(0) - 1 > self.num_dst
+
+    def pad_rows(self, t: Tensor) -> Tensor:
+        r"""Per-destination :obj:`t` ([num_dst, ...]) with a zero row for the
+        spare row, if the graph has one."""
+        if not self.has_spare_row:
+            return t
+        return torch.cat([t, t.new_zeros((1,) + t.shape[1:])])
+
+    def crop_rows(self, out: Tensor) -> Tensor:
+        r"""The first :obj:`num_dst` rows of a per-row result."""
+        return out[:self.num_dst] if self.has_spare_row else out
+
+    def to_csr_order(self, values: Tensor, loop_values: Optional[Tensor] = None) -> Tensor:
+        r"""Per-edge :obj:`values` in the caller's order (followed by
+        :obj:`loop_values` of the added self-loops) in CSR order."""
+        if loop_values is not None:
+            values = torch.cat([values, loop_values])
+        return values if self.edge_perm is None else values[self.edge_perm]
+
+
+def edge_coordinates(adj) -> Tuple[Tensor, Tensor]:
+    r"""(source, destination) of every edge of any PyG adjacency, in the
+    adjacency's own edge order (the order of its edge features)."""
+    if isinstance(adj, SparseTensor):
+        return adj.storage.col(), adj.storage.row()
+    if isinstance(adj, Tensor) and adj.layout == torch.sparse_csr:
+        rowptr = adj.crow_indices()
+        return adj.col_indices(), ptr2index(rowptr, output_size=adj.col_indices().numel())
+    if isinstance(adj, Tensor) and adj.layout == torch.sparse_coo:
+        index = adj._indices()
+        return index[1], index[0]
+    index = adj.as_tensor() if isinstance(adj, EdgeIndex) else adj
+    return index[0], index[1]
+
+
+def _container_csr(adj) -> Optional[Tuple[Tensor, Tensor]]:
+    """The CSR over destinations that the container already holds, in its
+    edge order (no copy), or None."""
+    if isinstance(adj, SparseTensor):
+        return adj.storage.rowptr(), adj.storage.col()
+    if isinstance(adj, Tensor) and adj.layout == torch.sparse_csr:
+        return adj.crow_indices(), adj.col_indices()
+    if isinstance(adj, EdgeIndex) and adj.is_sorted_by_col:
+        if is_compiling():
+            # get_csc() writes caches, which a compiled graph cannot do on an
+            # input: read the flattened cache, or compute without caching.
+            index = adj.as_tensor()
+            rowptr = adj._indptr
+            if rowptr is None:
+                rowptr = _ptr(index[1], adj.sparse_size(1) or 0)
+            return rowptr, index[0]
+        (rowptr, col), _ = adj.get_csc()
+        return rowptr, col
+    return None
+
+
+def _container_csc(adj) -> Optional[CSC]:
+    """The CSC that the container caches (SparseTensor, EdgeIndex), or None."""
+    if isinstance(adj, SparseTensor):
+        perm = adj.storage.csr2csc()
+        return adj.storage.colptr(), adj.storage.row()[perm], perm
+    if isinstance(adj, EdgeIndex) and adj.is_sorted_by_col:
+        if is_compiling():
+            colptr, perm = adj._T_indptr, adj._T_perm
+            if colptr is None or perm is None:
+                return None
+            return colptr, adj.as_tensor()[1][perm], perm
+        (colptr, row), perm = adj.get_csr()
+        return colptr, row, perm
+    return None
+
+
+def _fit_ptr(ptr: Tensor, num_rows: int, name: str) -> Tensor:
+    # An EdgeIndex infers a missing sparse size from its largest index, which
+    # drops trailing isolated nodes: pad with empty rows.
+    missing = num_rows + 1 - ptr.numel()
+    if missing < 0:
+        raise ValueError(f"{name} describes {ptr.numel() - 1} nodes but the features hold "
+                         f"only {num_rows}")
+    if missing == 0:
+        return ptr
+    return torch.cat([ptr, ptr[-1:].expand(missing)])
+
+
+def _index_error(bound: int, lo: int, hi: int, what: str) -> IndexError:
+    # PyG's message for the same mistake.
+    return IndexError(
+        f"Found indices in 'edge_index' that are larger than {bound - 1} (got {hi}) or "
+        f"negative (got {lo}) in its {what} row. Please ensure that all indices in "
+        f"'edge_index' point to valid indices in the interval [0, {bound}) in your node "
+        f"feature matrix and try again.")
+
+
+def _checked(src: Tensor, dst: Tensor, num_src: int, num_dst: int, check: bool,
+             extra: list) -> list:
+    # Raises PyG's IndexError for an index out of range (when `check`) and
+    # returns the values of the `extra` scalars, with one host sync.
+    stats = [src.min(), src.max(), dst.min(), dst.max()] if check and src.numel() > 0 else []
+    if not stats and not extra:
+        return []
+    values = torch.stack([v.long() for v in stats + extra]).tolist()
+    if stats:
+        lo_src, hi_src, lo_dst, hi_dst = values[:4]
+        if lo_src < 0 or hi_src >= num_src:
+            raise _index_error(num_src, lo_src, hi_src, "source")
+        if lo_dst < 0 or hi_dst >= num_dst:
+            raise _index_error(num_dst, lo_dst, hi_dst, "destination")
+    return values[len(stats):]
+
+
+def check_index(edge_index: Tensor, num_src: int, num_dst: int) -> None:
+    r"""Raises PyG's :class:`IndexError` unless every source of the edge
+    list :obj:`edge_index` lies in :obj:`[0, num_src)` and every destination
+    in :obj:`[0, num_dst)`. Once per graph in eager mode (one host sync, the
+    result cached with the graph); nothing under :func:`torch.compile`."""
+    if is_compiling():
+        return
+    key = ("checked", num_src, num_dst)
+    if _cache_get(edge_index, key) is None:
+        src, dst = edge_coordinates(edge_index)
+        _checked(src, dst, num_src, num_dst, True, [])
+        _cache_put(edge_index, key, True)
+
+
+def _from_container(adj, num_src: int, num_dst: int) -> Optional[Graph]:
+    csr = _container_csr(adj)
+    if csr is None:
+        return None
+    rowptr, col = csr
+    rowptr = _fit_ptr(rowptr, num_dst, "the adjacency (destinations)")
+    dtype = _index_dtype(col.device, col.numel(), num_src, num_dst)
+    return Graph(rowptr.to(dtype), col.to(dtype), None, None, None, num_dst)
+
+
+def _build(adj, num_src: int, num_dst: int, loops: Optional[int], exact: bool) -> Graph:
+    """CSR of `adj` with self-loops as PyG adds them (`loops`: for that many
+    nodes). `exact` (eager): check the index range of an edge list and drop
+    the caller's self-loops, with one host sync; otherwise (traced) nothing
+    is checked and the caller's self-loops go to a spare row."""
+    check = exact and not isinstance(adj, SparseTensor) and not (
+        isinstance(adj, Tensor) and (adj.is_sparse or adj.layout == torch.sparse_csr))
+    if loops is None and not check:
+        graph = _from_container(adj, num_src, num_dst)
+        if graph is not None:
+            return graph
+    src, dst = edge_coordinates(adj)
+    num_edges = src.numel()
+    own_loops = 0
+    if exact:
+        # One host sync for the range check and the count of own self-loops.
+        extra = [(src == dst).sum()] if loops is not None else []
+        values = _checked(src, dst, num_src, num_dst, check, extra)
+        if loops is not None:
+            own_loops = values[0]
+        else:
+            graph = _from_container(adj, num_src, num_dst)
+            if graph is not None:
+                return graph
+    device = src.device
+    num_rows, total = num_dst, num_edges
+    if loops is not None:
+        # PyG removes every self-loop, then adds one per node below `loops`
+        # after the other edges. The removed ones go to a spare row, sorted
+        # last, which an exact build cuts off.
+        num_rows, total = num_dst + 1, num_edges + loops
+    dtype = _index_dtype(device, total, num_src, num_rows)
+    src, dst = src.to(dtype), dst.to(dtype)
+    if loops is not None:
+        dst = torch.where(src == dst, torch.full_like(dst, num_dst), dst)
+        nodes = torch.arange(loops, dtype=dtype, device=device)
+        src, dst = torch.cat([src, nodes]), torch.cat([dst, nodes])
+    sorted_dst, edge_perm = torch.sort(dst, stable=True)
+    col, edge_perm = src[edge_perm], edge_perm.to(dtype)
+    rowptr = _ptr(sorted_dst, num_rows)
+    if exact and loops is not None:
+        kept = total - own_loops
+        rowptr, col, edge_perm = rowptr[:num_dst + 1], col[:kept], edge_perm[:kept]
+    return Graph(rowptr, col, None, None, edge_perm, num_dst)
+
+
+def _with_csc(graph: Graph, adj, num_src: int) -> Graph:
+    csc = None
+    if graph.edge_perm is None and graph.rowptr.size(0) - 1 == graph.num_dst:
+        csc = _container_csc(adj)  # the container's own cache, if any
+        if csc is not None:
+            colptr, row, perm = csc
+            colptr = _fit_ptr(colptr, num_src, "the adjacency (sources)")
+            dtype = graph.col.dtype
+            csc = (colptr.to(dtype), row.to(dtype), perm.to(dtype))
+    if csc is None:
+        csc = csr_to_csc(graph.rowptr, graph.col, num_src)
+    perm_inv = invert_perm(csc[2]) if csc[2].is_cuda else None
+    return graph._replace(csc=csc, perm_inv=perm_inv)
+
+
+# ---------------------------------------------------------------------------
+# Cache: per adjacency object, shared by all layers
+# ---------------------------------------------------------------------------
+
+def _index_versions(adj) -> Tuple[int, ...]:
+    # In-place changes to an adjacency's indices bump these counters.
+    if isinstance(adj, SparseTensor):
+        storage = adj.storage
+        tensors = (storage._rowptr, storage._row, storage._col)
+    elif isinstance(adj, Tensor) and adj.layout == torch.sparse_csr:
+        tensors = (adj.crow_indices(), adj.col_indices())
+    elif isinstance(adj, Tensor) and adj.is_sparse:
+        tensors = (adj._indices(),)
+    else:
+        tensors = (getattr(adj, "_data", adj),)
+    return tuple(t._version for t in tensors if t is not None)
+
+
+_CACHE: Dict[int, Dict[Any, Tuple[Tuple[int, ...], Any]]] = {}
+
+
+def _cache_get(adj, key) -> Any:
+    entry = _CACHE.get(id(adj), {}).get(key)
+    if entry is None or entry[0] != _index_versions(adj):
+        return None
+    return entry[1]
+
+
+def _cache_put(adj, key, value) -> None:
+    ident = id(adj)
+    if ident not in _CACHE:
+        _CACHE[ident] = {}
+        weakref.finalize(adj, _CACHE.pop, ident, None)
+    _CACHE[ident][key] = (_index_versions(adj), value)
+
+
+def clear_cache() -> None:
+    r"""Drops every prepared graph that :func:`prepare` keeps (they are also
+    dropped with their adjacency objects)."""
+    _CACHE.clear()
+
+
+class _Attached:
+    # What prepare_adjacency attaches to its alias of the adjacency. Not
+    # state: deep copies and pickles of the alias drop it (it pickles as an
+    # empty set, which torch.load(weights_only=True) accepts).
+    def __init__(self, graph: Graph, loops: Optional[int]) -> None:
+        self.graph = graph
+        self.loops = loops
+
+    def __deepcopy__(self, memo) -> None:
+        return None
+
+    def __reduce__(self):
+        return (set, ())
+
+
+def prepare(adj, num_src: int, num_dst: int, *, self_loops: Optional[int] = None,
+            need_csc: bool = True) -> Graph:
+    r"""The graph of any PyG adjacency as the kernels read it.
+
+    Args:
+        adj: a plain :obj:`edge_index` tensor :obj:`[2, E]` (sources in row
+            0, destinations in row 1, any order), an
+            :class:`~torch_geometric.EdgeIndex` of any sort order, a
+            :class:`torch_sparse.SparseTensor` :obj:`adj_t`, or a
+            :obj:`torch.sparse` CSR or COO :obj:`adj_t` of shape
+            :obj:`[num_dst, num_src]`.
+        num_src (int): source nodes (rows of the source features).
+        num_dst (int): destination nodes (rows of the output).
+        self_loops (int, optional): add self-loops as PyG's layers do:
+            remove the caller's, then add one for each node below
+            :obj:`self_loops` (after the other edges; the self-loop of node
+            :obj:`k` is edge :obj:`E + k` for :attr:`Graph.edge_perm`).
+        need_csc (bool): build the CSC (and, on CUDA, its inverse
+            permutation) for a backward.
+
+    Returns:
+        :class:`Graph`. On CUDA the indices are int32 where they fit.
+
+    Eagerly the first call for a graph checks the index range (one host sync;
+    :class:`IndexError` as PyG's) and the result is cached per adjacency
+    object. Under :func:`torch.compile` nothing is checked or cached: the
+    conversion is part of the compiled graph, unless the adjacency comes
+    from :func:`prepare_adjacency`.
+
+    Example:
+        >>> import torch
+        >>> from pyg_multihead_agg.graph import prepare
+        >>> edge_index = torch.tensor([[0, 2, 1], [1, 0, 0]])
+        >>> g = prepare(edge_index, num_src=3, num_dst=2)
+        >>> g.rowptr.tolist(), g.col.tolist(), g.edge_perm.tolist()
+        ([0, 2, 3], [2, 1, 0], [1, 2, 0])
+    """
+    attached = getattr(adj, "_pma_graph", None)
+    if isinstance(attached, _Attached) and (attached.loops is None) == (self_loops is None):
+        return attached.graph
+    compiling = is_compiling()
+    key = (num_src, num_dst, self_loops)
+    graph = None if compiling else _cache_get(adj, key)
+    if graph is None:
+        graph = _build_maybe_outside(adj, num_src, num_dst, self_loops, not compiling)
+    elif not need_csc or graph.csc is not None:
+        return graph
+    if need_csc and graph.csc is None:
+        graph = _with_csc_maybe_outside(graph, adj, num_src)
+    if not compiling:
+        _cache_put(adj, key, graph)
+    return graph
+
+
+def _traceable(adj) -> bool:
+    # Dynamo cannot wrap torch.sparse tensors (SparseTensor traces through
+    # its cached index tensors).
+    return not (isinstance(adj, Tensor) and (adj.is_sparse or adj.layout == torch.sparse_csr))
+
+
+def _build_maybe_outside(adj, num_src, num_dst, loops, exact) -> Graph:
+    if is_compiling() and not _traceable(adj):
+        return _build_outside(adj, num_src, num_dst, loops)
+    return _build(adj, num_src, num_dst, loops, exact)
+
+
+def _with_csc_maybe_outside(graph, adj, num_src) -> Graph:
+    if is_compiling() and not _traceable(adj):
+        return _with_csc_outside(graph, adj, num_src)
+    return _with_csc(graph, adj, num_src)
+
+
+@torch.compiler.disable
+def _build_outside(adj, num_src, num_dst, loops) -> Graph:
+    return _build(adj, num_src, num_dst, loops, exact=True)
+
+
+@torch.compiler.disable
+def _with_csc_outside(graph, adj, num_src) -> Graph:
+    return _with_csc(graph, adj, num_src)
+
+
+def loop_attr(adj, edge_attr: Tensor, num_nodes: int,
+              fill_value: Union[float, Tensor, str, None]) -> Tensor:
+    r"""The edge features of the self-loops PyG's :func:`add_self_loops`
+    adds to :obj:`adj` after removing its own self-loops, for
+    :obj:`num_nodes` nodes: :obj:`fill_value` as a constant, or a reduction
+    (:obj:`"mean"`, :obj:`"add"`, :obj:`"max"`, ...) of each node's incoming
+    edge features other than self-loops. Shapes do not depend on values."""
+    if fill_value is None:
+        return edge_attr.new_ones((num_nodes,) + edge_attr.shape[1:])
+    if isinstance(fill_value, (int, float)):
+        return edge_attr.new_full((num_nodes,) + edge_attr.shape[1:], fill_value)
+    if isinstance(fill_value, Tensor):
+        value = fill_value.to(edge_attr.device, edge_attr.dtype)
+        if value.dim() != edge_attr.dim():
+            value = value.unsqueeze(0)
+        return value.expand((num_nodes,) + edge_attr.shape[1:]).contiguous()
+    src, dst = edge_coordinates(adj)
+    # Self-loops and destinations past num_nodes reduce into a spare row.
+    spare = torch.full_like(dst, num_nodes)
+    index = torch.where((src == dst) | (dst >= num_nodes), spare, dst)
+    return scatter(edge_attr, index, 0, num_nodes + 1, fill_value)[:num_nodes]
+
+
+def num_edges(adj) -> int:
+    """The number of edges of any PyG adjacency."""
+    if isinstance(adj, SparseTensor):
+        return adj.nnz()
+    if isinstance(adj, Tensor) and (adj.is_sparse or adj.layout == torch.sparse_csr):
+        return adj._nnz()
+    return adj.size(1)
+
+
+def prepare_adjacency(adj, num_nodes: Optional[int] = None, *,
+                      size: Optional[Tuple[int, int]] = None,
+                      add_self_loops: bool = True):
+    r"""Prepares :obj:`adj` once, outside :func:`torch.compile`, for the
+    layers of this package: returns an alias of :obj:`adj` (the same type and
+    the same index storage) that carries the prepared graph (CSR, CSC and,
+    on CUDA, int32 indices and the inverse permutation), which eager calls
+    and compiled models then read instead of converting the adjacency. Eager
+    calls cache per graph by themselves; a compiled model cannot, so a
+    full-batch model under :func:`torch.compile` should be given the
+    prepared adjacency. Mini-batches need no preparation: their conversion
+    is traced into the compiled graph.
+
+    Args:
+        adj: any adjacency the layers accept (see :func:`prepare`).
+        num_nodes (int, optional): the number of nodes (default: the
+            adjacency's size, or the largest index + 1).
+        size ((int, int), optional): :obj:`(num_src, num_dst)` of a
+            bipartite graph, instead of :obj:`num_nodes`.
+        add_self_loops (bool): prepare the graph with self-loops, for layers
+            built with :obj:`add_self_loops=True` (their default); layers
+            with the other setting convert the adjacency as usual.
+
+    The alias is meant for running models: it is not state (copies and
+    pickles drop what it carries), and it describes the indices as they
+    are now (edit them and prepare again).
+
+    Example:
+        >>> import torch, pyg_multihead_agg as pma
+        >>> edge_index = torch.tensor([[0, 1, 2], [1, 2, 0]])
+        >>> conv = pma.nn.GATConv(8, 4, heads=2)
+        >>> adj = pma.prepare_adjacency(edge_index, num_nodes=3)
+        >>> model = torch.compile(conv, dynamic=True, fullgraph=True)
+        >>> model(torch.randn(3, 8), adj).shape
+        torch.Size([3, 8])
+    """
+    if is_compiling():
+        raise RuntimeError("prepare_adjacency runs once, outside torch.compile: call it on the "
+                           "adjacency before passing it to the compiled model")
+    if size is not None:
+        num_src, num_dst = size
+    else:
+        if num_nodes is None:
+            num_nodes = _num_nodes(adj)
+        num_src = num_dst = num_nodes
+    loops = min(num_src, num_dst) if add_self_loops else None
+    graph = _build(adj, num_src, num_dst, loops, exact=True)
+    graph = _with_csc(graph, adj, num_src)
+    alias = copy.copy(adj)
+    alias._pma_graph = _Attached(graph, loops)
+    return alias
+
+
+def _num_nodes(adj) -> int:
+    if isinstance(adj, SparseTensor):
+        return max(adj.sparse_sizes())
+    if isinstance(adj, Tensor) and (adj.is_sparse or adj.layout == torch.sparse_csr):
+        return max(adj.size(0), adj.size(1))
+    if isinstance(adj, EdgeIndex) and adj.num_rows is not None and adj.num_cols is not None:
+        return max(adj.num_rows, adj.num_cols)
+    return int(adj.max()) + 1 if adj.numel() > 0 else 0
