@@ -341,12 +341,37 @@ def _checked(src: Tensor, dst: Tensor, num_src: int, num_dst: int, check: bool,
     return values[len(stats):]
 
 
+_INDEX_CHECK = [True]
+
+
+def set_index_check(enabled: bool) -> None:
+    r"""Turns the layers' eager check of edge-list indices on (the default)
+    or off.
+
+    With the check, the first eager call for a graph raises PyG's
+    :class:`IndexError` for a source or destination index out of range, on
+    the CPU and on CUDA alike (never a device-side assert), at the cost of
+    one host sync per new graph: one per step of a mini-batch loop. Without
+    it no host sync remains (as under :func:`torch.compile`, which never
+    checks); a malformed index then gives meaningless output on CUDA (the
+    kernels skip indices out of range) and an error from the CPU kernels.
+    Turn it off for trusted graphs, such as a sampler's mini-batches.
+
+    Example:
+        >>> from pyg_multihead_agg.graph import set_index_check
+        >>> set_index_check(False)  # a training loop over sampled batches
+        >>> set_index_check(True)
+    """
+    _INDEX_CHECK[0] = bool(enabled)
+
+
 def check_index(edge_index: Tensor, num_src: int, num_dst: int) -> None:
     r"""Raises PyG's :class:`IndexError` unless every source of the edge
     list :obj:`edge_index` lies in :obj:`[0, num_src)` and every destination
     in :obj:`[0, num_dst)`. Once per graph in eager mode (one host sync, the
-    result cached with the graph); nothing under :func:`torch.compile`."""
-    if is_compiling():
+    result cached with the graph); nothing under :func:`torch.compile` or
+    after :func:`set_index_check(False) <set_index_check>`."""
+    if is_compiling() or not _INDEX_CHECK[0]:
         return
     key = ("checked", num_src, num_dst)
     if _cache_get(edge_index, key) is None:
@@ -367,9 +392,9 @@ def _from_container(adj, num_src: int, num_dst: int) -> Optional[Graph]:
 
 def _build(adj, num_src: int, num_dst: int, loops: Optional[int], exact: bool) -> Graph:
     """CSR of `adj` with self-loops as PyG adds them (`loops`: for that many
-    nodes). `exact` (eager): check the index range of an edge list and drop
-    the caller's self-loops, with one host sync; otherwise (traced) nothing
-    is checked and the caller's self-loops go to a spare row."""
+    nodes). `exact`: check the index range of an edge list and drop the
+    caller's self-loops, with one host sync; otherwise (traced, or checks
+    off) nothing is checked and the caller's self-loops go to a spare row."""
     check = exact and not isinstance(adj, SparseTensor) and not (
         isinstance(adj, Tensor) and (adj.is_sparse or adj.layout == torch.sparse_csr))
     if loops is None and not check:
@@ -507,10 +532,10 @@ def prepare(adj, num_src: int, num_dst: int, *, self_loops: Optional[int] = None
         :class:`Graph`. On CUDA the indices are int32 where they fit.
 
     Eagerly the first call for a graph checks the index range (one host sync;
-    :class:`IndexError` as PyG's) and the result is cached per adjacency
-    object. Under :func:`torch.compile` nothing is checked or cached: the
-    conversion is part of the compiled graph, unless the adjacency comes
-    from :func:`prepare_adjacency`.
+    :class:`IndexError` as PyG's; see :func:`set_index_check`) and the result
+    is cached per adjacency object. Under :func:`torch.compile` nothing is
+    checked or cached: the conversion is part of the compiled graph, unless
+    the adjacency comes from :func:`prepare_adjacency`.
 
     Example:
         >>> import torch
@@ -527,7 +552,8 @@ def prepare(adj, num_src: int, num_dst: int, *, self_loops: Optional[int] = None
     key = (num_src, num_dst, self_loops)
     graph = None if compiling else _cache_get(adj, key)
     if graph is None:
-        graph = _build_maybe_outside(adj, num_src, num_dst, self_loops, not compiling)
+        exact = not compiling and _INDEX_CHECK[0]
+        graph = _build_maybe_outside(adj, num_src, num_dst, self_loops, exact)
     elif not need_csc or graph.csc is not None:
         return graph
     if need_csc and graph.csc is None:

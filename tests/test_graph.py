@@ -1,0 +1,224 @@
+"""pyg_multihead_agg.graph: every adjacency type to the kernels' CSR/CSC.
+
+Each prepared graph is checked against its definition: the multiset of
+(destination, source, caller's edge id) triples of the CSR equals that of
+the caller's edges with PyG's self-loop rule applied (remove every
+self-loop, add one per node below the loop count, after the other edges).
+"""
+from collections import Counter
+
+import pytest
+import torch
+from conftest import DEVICES
+from torch_geometric import EdgeIndex
+from torch_geometric.index import index2ptr, ptr2index
+from torch_geometric.typing import WITH_TORCH_SPARSE, SparseTensor
+from torch_geometric.utils import add_self_loops, remove_self_loops
+
+import pyg_multihead_agg as pma
+from pyg_multihead_agg import graph as graphs
+
+KINDS = ["edge_index", "edge_index_sorted", "edge_index_unsorted",
+         pytest.param("sparse_tensor", marks=pytest.mark.skipif(
+             not WITH_TORCH_SPARSE, reason="needs torch_sparse")),
+         "torch_csr", "torch_coo"]
+
+
+def random_edges(num_src, num_dst, num_edges, seed, loops=4):
+    gen = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, num_src, (num_edges,), generator=gen)
+    dst = torch.randint(0, num_dst, (num_edges,), generator=gen)
+    nodes = torch.randint(0, min(num_src, num_dst), (loops,), generator=gen)
+    src[:loops] = dst[:loops] = nodes  # own self-loops (and duplicates by chance)
+    return src, dst
+
+
+def adjacency(kind, src, dst, num_src, num_dst):
+    """The adjacency and the caller's edge order as (src, dst)."""
+    if kind == "edge_index":
+        return torch.stack([src, dst]), (src, dst)
+    if kind == "edge_index_unsorted":
+        return EdgeIndex(torch.stack([src, dst]), sparse_size=(num_src, num_dst)), (src, dst)
+    order = torch.sort(dst, stable=True).indices
+    src, dst = src[order], dst[order]
+    if kind == "edge_index_sorted":
+        return EdgeIndex(torch.stack([src, dst]), sparse_size=(num_src, num_dst),
+                         sort_order="col"), (src, dst)
+    if kind == "sparse_tensor":
+        return SparseTensor(row=dst, col=src, sparse_sizes=(num_dst, num_src),
+                            is_sorted=True), (src, dst)
+    value = torch.ones(src.numel())
+    if kind == "torch_csr":
+        return torch.sparse_csr_tensor(index2ptr(dst, num_dst), src, value,
+                                       size=(num_dst, num_src)), (src, dst)
+    return torch.sparse_coo_tensor(torch.stack([dst, src]), value, size=(num_dst, num_src),
+                                   is_coalesced=False), (src, dst)
+
+
+def triples(graph: graphs.Graph):
+    """Counter of (dst, src, caller's edge id) over the real rows."""
+    rowptr, col = graph.rowptr.long().cpu(), graph.col.long().cpu()
+    rows = ptr2index(rowptr, output_size=col.numel())
+    ids = torch.arange(col.numel()) if graph.edge_perm is None else graph.edge_perm.long().cpu()
+    keep = rows < graph.num_dst
+    return Counter(zip(rows[keep].tolist(), col[keep].tolist(), ids[keep].tolist(), strict=True))
+
+
+def expected_triples(src, dst, loops):
+    num_edges = src.numel()
+    ids = torch.arange(num_edges)
+    if loops is not None:
+        keep, nodes = src != dst, torch.arange(loops)
+        # The self-loop of node k is edge num_edges + k.
+        src, dst = torch.cat([src[keep], nodes]), torch.cat([dst[keep], nodes])
+        ids = torch.cat([ids[keep], num_edges + nodes])
+    return Counter(zip(dst.tolist(), src.tolist(), ids.tolist(), strict=True))
+
+
+def check_csc(graph: graphs.Graph, num_src: int):
+    colptr, row, perm = (t.long().cpu() for t in graph.csc)
+    rowptr, col = graph.rowptr.long().cpu(), graph.col.long().cpu()
+    pma.check_csc((colptr, row, perm), rowptr, col, num_src)
+    if graph.perm_inv is not None:
+        assert torch.equal(perm[graph.perm_inv.long().cpu()], torch.arange(perm.numel()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("exact", [True, False], ids=["eager", "traced"])
+@pytest.mark.parametrize("loops", [None, "min"], ids=["no_loops", "loops"])
+@pytest.mark.parametrize("sizes", [(30, 30), (40, 12), (9, 25)], ids=str)
+@pytest.mark.parametrize("kind", KINDS)
+def test_prepared_graph_is_the_looped_graph(kind, sizes, loops, exact, device):
+    num_src, num_dst = sizes
+    src, dst = random_edges(num_src, num_dst, 150, seed=sum(sizes))
+    adj, (src, dst) = adjacency(kind, src, dst, num_src, num_dst)
+    adj = adj.to(device)
+    num_loops = None if loops is None else min(num_src, num_dst)
+    graph = graphs._build(adj, num_src, num_dst, num_loops, exact=exact)
+    graph = graphs._with_csc(graph, adj, num_src)
+    assert triples(graph) == expected_triples(src, dst, num_loops)
+    # The spare row (traced builds with self-loops) holds the caller's own
+    # self-loops; the exact build has none.
+    assert graph.has_spare_row == (num_loops is not None and not exact)
+    if graph.has_spare_row:
+        rowptr = graph.rowptr.cpu()
+        assert int(rowptr[-1] - rowptr[-2]) == int((src == dst).sum())
+    check_csc(graph, num_src)
+    index_dtype = torch.int32 if device == "cuda" else src.dtype
+    assert graph.col.dtype == graph.rowptr.dtype == graph.csc[0].dtype == index_dtype
+    assert (graph.perm_inv is not None) == (device == "cuda")
+
+
+def test_edge_values_reach_their_csr_entries():
+    src, dst = random_edges(20, 20, 80, seed=3)
+    graph = graphs.prepare(torch.stack([src, dst]), 20, 20, self_loops=20)
+    values = torch.arange(80.0)
+    loop_values = 1000.0 + torch.arange(20.0)
+    csr_values = graph.to_csr_order(values, loop_values)
+    rows = ptr2index(graph.rowptr.long(), output_size=graph.col.numel())
+    looped = rows == graph.col.long()
+    # Every self-loop entry carries its node's loop value, every other entry
+    # the value of an edge with its endpoints.
+    assert torch.equal(csr_values[looped], 1000.0 + rows[looped].float())
+    ids = csr_values[~looped].long()
+    assert torch.equal(src[ids], graph.col[~looped].long())
+    assert torch.equal(dst[ids], rows[~looped])
+
+
+@pytest.mark.parametrize("fill_value", ["mean", "add", "max", "min", "mul", 0.5, None,
+                                        "tensor"])
+def test_loop_attr_is_pygs(fill_value):
+    src, dst = random_edges(25, 25, 90, seed=4)
+    edge_attr = torch.randn(90, 3, generator=torch.Generator().manual_seed(4))
+    fill = torch.tensor([1.0, -2.0, 3.0]) if fill_value == "tensor" else fill_value
+    edge_index = torch.stack([src, dst])
+    no_loops, attr = remove_self_loops(edge_index, edge_attr)
+    _, looped_attr = add_self_loops(no_loops, attr, fill_value=fill, num_nodes=25)
+    got = graphs.loop_attr(edge_index, edge_attr, 25, fill)
+    torch.testing.assert_close(got, looped_attr[-25:], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bad", [(0, -1), (0, 30), (1, -5), (1, 30)], ids=str)
+def test_index_range_is_checked_once_per_graph(bad, device):
+    src, dst = random_edges(30, 30, 60, seed=5)
+    edge_index = torch.stack([src, dst]).to(device)
+    graphs.prepare(edge_index, 30, 30)
+    edge_index = edge_index.clone()
+    edge_index[bad] = bad[1]
+    which = "source" if bad[0] == 0 else "destination"
+    with pytest.raises(IndexError, match=rf"in its {which} row"):
+        graphs.prepare(edge_index, 30, 30)
+    with pytest.raises(IndexError, match=rf"in its {which} row"):
+        graphs.check_index(edge_index, 30, 30)
+
+
+def test_index_check_can_be_turned_off():
+    src, dst = random_edges(30, 30, 60, seed=6)
+    edge_index = torch.stack([src, dst])
+    edge_index[0, 3] = 99
+    graphs.set_index_check(False)
+    try:
+        graph = graphs.prepare(edge_index, 30, 30, self_loops=30)
+        graphs.check_index(edge_index, 30, 30)
+    finally:
+        graphs.set_index_check(True)
+    assert graph.has_spare_row  # nothing read back from the device: no cut
+    with pytest.raises(IndexError):
+        graphs.prepare(edge_index.clone(), 30, 30)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_no_host_sync_without_index_check_cuda():
+    """A training step of the layer on a new plain edge_index with
+    self-loops syncs with the host once, for the index check; without the
+    check, not at all."""
+    conv = pma.nn.GATConv(16, 8, heads=4).cuda()
+    x = torch.randn(200, 16, device="cuda", requires_grad=True)
+
+    def step():
+        edge_index = torch.randint(0, 200, (2, 900), device="cuda")
+        conv(x, edge_index).square().sum().backward()
+
+    step()  # warm-up (allocations, lazy initialisation)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with pytest.raises(RuntimeError, match="synchroniz"):
+            step()
+        graphs.set_index_check(False)
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+        graphs.set_index_check(True)
+
+
+def test_cache_is_shared_and_dropped():
+    src, dst = random_edges(30, 30, 60, seed=7)
+    edge_index = torch.stack([src, dst])
+    first = graphs.prepare(edge_index, 30, 30, self_loops=30, need_csc=False)
+    assert first.csc is None
+    second = graphs.prepare(edge_index, 30, 30, self_loops=30)
+    assert second.csc is not None and second.rowptr is first.rowptr
+    assert graphs.prepare(edge_index, 30, 30, self_loops=30) is second
+    assert graphs.prepare(edge_index, 30, 30) is not second  # another policy
+    ident = id(edge_index)
+    del edge_index
+    assert ident not in graphs._CACHE
+    graphs.clear_cache()
+    assert not graphs._CACHE
+
+
+def test_prepare_adjacency_keeps_type_and_storage():
+    src, dst = random_edges(30, 30, 60, seed=8)
+    for adj in (torch.stack([src, dst]),
+                EdgeIndex(torch.stack([src, dst]), sparse_size=(30, 30))):
+        prepared = pma.prepare_adjacency(adj)
+        assert type(prepared) is type(adj) and prepared.data_ptr() == adj.data_ptr()
+        graph = graphs.prepare(prepared, 30, 30, self_loops=30)
+        assert triples(graph) == expected_triples(src, dst, 30)
+        assert graph.csc is not None and not graph.has_spare_row
+        plain = pma.prepare_adjacency(adj, add_self_loops=False)
+        assert triples(graphs.prepare(plain, 30, 30)) == expected_triples(src, dst, None)
+    with pytest.raises(RuntimeError, match="outside torch.compile"):
+        torch.compile(lambda a: pma.prepare_adjacency(a), fullgraph=True)(src.view(1, -1))
