@@ -1,7 +1,8 @@
 """Epoch time of the Cora GAT (examples/train_cora.py's model and settings)
 for every adjacency type, timed round-robin in one process so that load on
 the machine hits all variants alike. Prints the median epoch and its ratio
-to PyG's GATConv with a plain edge_index.
+to PyG's GATConv with a plain edge_index, and writes them to
+benchmarks/reference/cora_epoch_<device>.{json,md,png} (see --out, --tag).
 
     python benchmarks/bench_cora_epoch.py --root DATA [--device cpu] [--rounds 30]
 """
@@ -21,9 +22,13 @@ from train_cora import GAT, build_adj, load_dataset, paper_settings, synchronize
 
 from pyg_multihead_agg.nn import GATConv  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
 # "csr_unfused": our layer with fused_attention=False (PyG's softmax and
 # dropout, then our aggregation operator) on the csr adjacency.
 KINDS = ["edge_index", "csr", "edge_index_sorted", "sparse_tensor", "csr_unfused"]
+PEER = "edge_index"  # PyG's GATConv
 
 
 def main() -> None:
@@ -32,6 +37,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--epochs-per-round", type=int, default=3)
+    common.add_output_args(parser)
     args = parser.parse_args()
     device = torch.device(args.device)
     dataset = load_dataset(args.root, "Cora")
@@ -75,14 +81,27 @@ def main() -> None:
         for kind in order:
             times[kind].extend(epoch(kind) for _ in range(args.epochs_per_round))
     base = statistics.median(times["edge_index"])
-    print(f"device {device}, torch {torch.__version__}, PyG {torch_geometric.__version__}, "
-          f"{args.rounds} rounds x {args.epochs_per_round} epochs")
-    print("| --adj | layer | median epoch | vs PyG |\n|---|---|---|---|")
+    meta = common.environment(device, sys.argv)
+    meta["rounds"] = f"{args.rounds} rounds x {args.epochs_per_round} epochs"
+    rows, cells = [], []
     for kind in kinds:
         med = statistics.median(times[kind])
         layer = ("PyG GATConv" if kind == "edge_index" else "pyg_multihead_agg GATConv"
                  + (" (fused_attention=False)" if kind.endswith("_unfused") else ""))
-        print(f"| {kind} | {layer} | {med:.2f} ms | {base / med:.2f}x |")
+        rows.append(common.Row("cora", "float32", kind, "epoch", ms=med, times_ms=times[kind],
+                               extra={"layer": layer}))
+        cells.append([kind, layer, f"{med:.2f} ms", f"{base / med:.2f}x"])
+    common.add_speedups(rows, [PEER])
+    text = common.markdown_table(["--adj", "layer", "median epoch", "vs PyG"], cells)
+    notes = (f"One epoch: a training step (forward, loss, backward, Adam) and an evaluation "
+             f"forward of examples/train_cora.py's model, median over {meta['rounds']}, the "
+             f"variants interleaved round-robin. vs PyG: PyG's GATConv on a plain edge_index "
+             f"over this row.")
+    paths = common.write_results(args.out, common.result_stem("cora_epoch", device, args.tag),
+                                 "Cora GAT epoch", meta, rows, text, notes, chart_peers=[PEER])
+    print(f"{common.summary_line(meta)}, {meta['rounds']}")
+    print(text)
+    print("written: " + ", ".join(paths))
 
 
 if __name__ == "__main__":

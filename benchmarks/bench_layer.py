@@ -24,6 +24,8 @@ against PyG's layer in float64, on the edges into (a sample of) the
 destination rows.
 
     python benchmarks/bench_layer.py --device cuda
+
+Writes benchmarks/reference/layer_<device>.{json,md,png} (see --out, --tag).
 """
 import copy
 import functools
@@ -332,7 +334,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     meta["in_channels"] = IN_CHANNELS
     meta["compile"] = ("no compiled rows" if args.no_compile else
                        f"torch.compile(dynamic={args.dynamic})")
-    log(f"{meta['device_name']}: GAT layer, {' and '.join(args.passes)}")
+    log(f"{meta['machine']}: GAT layer, {' and '.join(args.passes)}")
     rows: List[Row] = []
     notes: List[str] = []
     ok = True
@@ -367,8 +369,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                  chart_methods=[m for m in dict.fromkeys(r.method for r in rows)
                                                 if m.startswith("ours")])
     print()
-    print(f"{meta['device_name']}, torch {meta['torch']}, PyG {meta['torch_geometric']}, "
-          f"commit {meta['git_commit']}, {meta['compile']}")
+    print(f"{common.summary_line(meta)}, {meta['compile']}")
     print(text)
     if failures:
         print(failures)

@@ -20,6 +20,8 @@ the big graphs, always including the longest rows and busiest sources).
 
     python benchmarks/bench_ops.py --device cuda
     python benchmarks/bench_ops.py --device cpu --shapes arxiv-like --dtypes float32
+
+Writes benchmarks/reference/ops_<device>.{json,md,png} (see --out, --tag).
 """
 import functools
 import os
@@ -296,7 +298,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ceiling = common.copy_bandwidth(device)
     common.free_memory(device)
     meta["copy_ceiling_GBps"] = round(ceiling / 1e9, 1)
-    log(f"{meta['device_name']}: copy ceiling {ceiling / 1e9:.0f} GB/s (read + write)")
+    log(f"{meta['machine']}: copy ceiling {ceiling / 1e9:.0f} GB/s (read + write)")
 
     rows: List[Row] = []
     notes: List[str] = []
@@ -320,8 +322,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     paths = common.write_results(args.out, stem, "multihead_spmm operator benchmark", meta, rows,
                                  text, notes_md, chart_peers=PEERS)
     print()
-    print(f"{meta['device_name']}, torch {meta['torch']}, PyG {meta['torch_geometric']}, "
-          f"commit {meta['git_commit']}, copy ceiling {ceiling / 1e9:.0f} GB/s")
+    print(f"{common.summary_line(meta)}, copy ceiling {ceiling / 1e9:.0f} GB/s")
     print(text)
     if failures:
         print(failures)

@@ -1,8 +1,11 @@
-"""Shared benchmark machinery: timing, memory, errors, bandwidth, environment, reports.
+"""Shared benchmark machinery: timing, memory, errors, bandwidth, and the
+reports (metadata block, JSON + Markdown + PNG writer) of every script.
 
-Rules (../shared/benchmarks.md): CUDA events after warm-up (time.perf_counter
-on the CPU), the median of at least 10 repeats, every result checked against a
-float64 reference before it is timed, out-of-memory reported, not fatal.
+Rules: CUDA events after warm-up (time.perf_counter on the CPU), the median of
+at least 10 repeats, every result checked against a float64 reference before
+it is timed, out-of-memory reported, not fatal. Results go to
+``benchmarks/reference/<benchmark>_<device>.{json,md,png}``, replaced by each
+run.
 """
 import argparse
 import datetime
@@ -29,6 +32,9 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 # the rounding of outputs and intermediates counts.
 TOLERANCE = {torch.float16: 5e-3, torch.bfloat16: 2e-2, torch.float32: 1e-4,
              torch.float64: 1e-10}
+
+# Where every benchmark writes by default: the latest results only.
+REFERENCE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference")
 
 _START = time.perf_counter()
 
@@ -154,7 +160,7 @@ def check_subset(num: int, limit: int, device: torch.device, *, seed: int = 1,
     return torch.unique(ids)
 
 
-# Environment and reports
+# Metadata: what every result file records about its run
 
 def git_commit() -> str:
     here = os.path.dirname(os.path.abspath(__file__))
@@ -168,9 +174,8 @@ def git_commit() -> str:
         return "unknown"
 
 
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
+def cpu_name() -> str:
+    """CPU model and the number of cores this process may use."""
     model = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -180,10 +185,20 @@ def device_name(device: torch.device) -> str:
                     break
     except OSError:
         pass
-    return f"{model}, {torch.get_num_threads()} threads"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{model}, {cores} cores"
+
+
+def device_name(device: torch.device) -> str:
+    """The machine that ran the benchmark: the GPU's name, or the CPU model with
+    its core count and torch's thread count."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{cpu_name()}, {torch.get_num_threads()} threads"
 
 
 def environment(device: torch.device, argv: Sequence[str]) -> Dict[str, Any]:
+    """The metadata block of a result: date, machine, versions, git commit, command."""
     import torch_geometric
 
     import pyg_multihead_agg
@@ -197,7 +212,7 @@ def environment(device: torch.device, argv: Sequence[str]) -> Dict[str, Any]:
     meta = {
         "date": now.strftime("%Y-%m-%d %H:%M UTC"),
         "device": device.type,
-        "device_name": device_name(device),
+        "machine": device_name(device),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "torch_geometric": torch_geometric.__version__,
@@ -207,6 +222,8 @@ def environment(device: torch.device, argv: Sequence[str]) -> Dict[str, Any]:
         "git_commit": git_commit(),
         "command": " ".join(["python"] + list(argv)),
     }
+    if device.type == "cuda":
+        meta["host_cpu"] = cpu_name()
     if device.type == "cpu":
         # Other processes on the cores slow down every multi-threaded kernel.
         meta["load_average_1min"] = round(os.getloadavg()[0], 2)
@@ -307,9 +324,12 @@ def markdown_table(headers: Sequence[str], cells: List[Sequence[str]]) -> str:
     return "\n".join(out)
 
 
-def result_stem(kind: str, device: torch.device, tag: Optional[str]) -> str:
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    return f"{kind}_{device.type}_{date}" + (f"_{tag}" if tag else "")
+# Reports: JSON (metadata + every row), Markdown (metadata + table), PNG chart
+
+def result_stem(kind: str, device: torch.device, tag: Optional[str] = None) -> str:
+    """Fixed file name per benchmark and device (``layer_cuda``), so that each
+    run replaces the last; ``tag`` adds a suffix (for side-by-side runs)."""
+    return f"{kind}_{device.type}" + (f"_{tag}" if tag else "")
 
 
 def failure_notes(rows: List[Row]) -> str:
@@ -322,7 +342,8 @@ def write_results(out_dir: str, stem: str, title: str, meta: Dict[str, Any], row
                   table: str, notes: str = "", chart_peers: Sequence[str] = (),
                   chart_methods: Optional[Sequence[str]] = None) -> List[str]:
     """Writes ``stem.json`` (meta + every row), ``stem.md`` (meta + table) and
-    ``stem.png`` (speed-ups over each peer); returns the paths."""
+    ``stem.png`` (speed-ups over each peer), replacing earlier ones; returns
+    the paths."""
     os.makedirs(out_dir, exist_ok=True)
     base = os.path.join(out_dir, stem)
     with open(base + ".json", "w") as f:
@@ -335,6 +356,8 @@ def write_results(out_dir: str, stem: str, title: str, meta: Dict[str, Any], row
     paths = [base + ".json", base + ".md"]
     if chart_peers and _bar_chart(base + ".png", title, meta, rows, chart_peers, chart_methods):
         paths.append(base + ".png")
+    elif os.path.exists(base + ".png"):
+        os.remove(base + ".png")  # an older run's chart would not match the new tables
     return paths
 
 
@@ -388,7 +411,7 @@ def _bar_chart(path: str, title: str, meta: Dict[str, Any], rows: List[Row],
         ax.set_xticklabels(["\n".join(str(x) for x in g) for g in groups], fontsize=7)
         ax.legend(handles=[Patch(color=f"C{k % 10}", label=m) for k, m in enumerate(methods)],
                   fontsize=7, ncol=2)
-    fig.suptitle(f"{title}\n{meta['device_name']}, torch {meta['torch']}, "
+    fig.suptitle(f"{title}\n{meta['machine']}, torch {meta['torch']}, "
                  f"PyG {meta['torch_geometric']}, {meta['date']}, commit {meta['git_commit']}",
                  fontsize=9)
     fig.tight_layout()
@@ -418,9 +441,23 @@ def benchmark_parser(description: str, check_limit: int) -> "argparse.ArgumentPa
                         "many edges, else a seeded sample that holds about this many")
     parser.add_argument("--data-root", default=None,
                         help="folder holding Cora/raw, for --shapes cora (default ../shared/data)")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
-    parser.add_argument("--tag", default=None, help="suffix of the result file names")
+    add_output_args(parser)
     return parser
+
+
+def add_output_args(parser: "argparse.ArgumentParser") -> None:
+    """--out and --tag, the same in every script."""
+    parser.add_argument("--out", default=REFERENCE_DIR,
+                        help="folder for <benchmark>_<device>.{json,md,png}, replaced each run "
+                        "(default: benchmarks/reference)")
+    parser.add_argument("--tag", default=None,
+                        help="suffix of the file names, to keep a run beside the reference")
+
+
+def summary_line(meta: Dict[str, Any]) -> str:
+    """The one line printed above a script's final table."""
+    return (f"{meta['machine']}, torch {meta['torch']}, PyG {meta['torch_geometric']}, "
+            f"commit {meta['git_commit']}")
 
 
 def parse_benchmark_args(parser: "argparse.ArgumentParser", argv: Optional[Sequence[str]]):

@@ -1,23 +1,31 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build for the H200, run the CUDA tests, the
-# operator and layer benchmarks and the Cora example, with a time limit per
-# step. Logs go straight to $OUT (device tool; ./gpu_out elsewhere) so that a
-# call cut short still returns what finished:
-#   $OUT/tests.log  $OUT/run.log  $OUT/results.tar (benchmark JSON/MD/PNG, logs)
+# benchmarks and the Cora example, with a time limit per step. Logs go
+# straight to $OUT (device tool; ./gpu_out elsewhere) so that a call cut short
+# still returns what finished:
+#   $OUT/tests.log  $OUT/run.log  $OUT/results.tar (probe outputs, logs)
+#   $OUT/reference/ (copies of the benchmarks' files; copy them into
+#                    benchmarks/reference/ when the run was on another machine)
 #   scripts/gpu_check.sh STEPS [pytest args; default: tests -m "not slow"]
 # STEPS: a comma-separated list of tests, props (the property tests with the
-# larger "gpu" hypothesis profile), kernels (bench_kernels.py), baseline (with
-# kernels: also time the tree in .device/baseline, see below), ncu (Nsight
-# Compute over bench_kernels.py --ncu), ops, cora, layer, profile, sanitize, or
-# "bench" (= ops,cora,layer) or "all" (= tests,ops,cora,layer).
-#   (env: STEP_LIMIT_* seconds per step, OPS_ARGS / LAYER_ARGS, CORA_RUNS,
-#    SANITIZE_TOOLS)
+# larger "gpu" hypothesis profile), kernels (tools/bench_kernels.py), baseline
+# (with kernels: also time the tree in .device/baseline, see below), ncu
+# (Nsight Compute over tools/bench_kernels.py --ncu), ops, cora, layer,
+# minibatch (if benchmarks/bench_minibatch.py exists), profile
+# (tools/profile_layer.py), sanitize, or "bench" (= ops,cora,layer,minibatch:
+# regenerates benchmarks/reference/) or "all" (= tests and bench).
+#   (env: STEP_LIMIT_* seconds per step, OPS_ARGS / LAYER_ARGS / MINIBATCH_ARGS,
+#    BENCH_OUT (default benchmarks/reference), CORA_RUNS, SANITIZE_TOOLS)
 set -uo pipefail
 MODE="${1:-all}"; shift || true
-case "$MODE" in all) MODE=tests,ops,cora,layer;; bench) MODE=ops,cora,layer;; esac
+case "$MODE" in
+  all) MODE=tests,ops,cora,layer,minibatch;;
+  bench) MODE=ops,cora,layer,minibatch;;
+esac
 has() { [[ ",$MODE," == *",$1,"* ]]; }
 if [ $# -eq 0 ]; then set -- tests -m "not slow"; fi
 OUT="${OUT:-$PWD/gpu_out}"; RES="$(mktemp -d)/results"; mkdir -p "$OUT" "$RES"
+BENCH_OUT="${BENCH_OUT:-$PWD/benchmarks/reference}"
 export PYTHONUNBUFFERED=1 MAX_JOBS="${MAX_JOBS:-16}" TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
 # The GPU image's default CXX (/opt/gcc) links libstdc++ statically into the
 # extension, whose uninitialised iostreams then crash in every TORCH_CHECK
@@ -26,6 +34,10 @@ if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CC=/usr/bin/gcc; fi
 export PYG_MULTIHEAD_AGG_DATA="${PYG_MULTIHEAD_AGG_DATA:-$PWD/.device/data}"
 LOG="$OUT/run.log"
 pack() { tar -cf "$OUT/results.tar" -C "$(dirname "$RES")" results 2>/dev/null || true; }
+# The benchmarks' own files, as plain files, so that they come back by themselves.
+pack_reference() {
+  mkdir -p "$OUT/reference" && cp "$BENCH_OUT"/*_cuda*.* "$OUT/reference/" 2>/dev/null || true
+}
 step() { echo "== $* ($(date +%T))" | tee -a "$LOG"; }
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
@@ -72,17 +84,20 @@ fi
 if has kernels; then
   if has baseline && ls "$BASE"/pyg_multihead_agg/_C*.so > /dev/null 2>&1; then
     step bench_kernels baseline
+    # An older tree may still hold the script at its former place.
+    BASE_KERNELS=tools/bench_kernels.py
+    [ -f "$BASE/$BASE_KERNELS" ] || BASE_KERNELS=benchmarks/bench_kernels.py
     (cd "$BASE" && PYTHONPATH="$BASE" python3 -c \
        "import pyg_multihead_agg as m; print('baseline package', m.__file__)" \
      && PYTHONPATH="$BASE" timeout "${STEP_LIMIT_KERNELS:-150}" python3 \
-       benchmarks/bench_kernels.py --out "$RES/baseline" ${KERNELS_ARGS:-}) >> "$LOG" 2>&1 || rc=$?
+       "$BASE_KERNELS" --out "$RES/baseline" ${KERNELS_ARGS:-}) >> "$LOG" 2>&1 || rc=$?
   fi
   step bench_kernels
-  timeout "${STEP_LIMIT_KERNELS:-150}" python3 benchmarks/bench_kernels.py --out "$RES" \
+  timeout "${STEP_LIMIT_KERNELS:-150}" python3 tools/bench_kernels.py --out "$RES" \
     ${KERNELS_ARGS:-} >> "$LOG" 2>&1 || rc=$?
   if [ -n "${KERNELS64_ARGS:-}" ]; then
     step bench_kernels "$KERNELS64_ARGS"
-    timeout "${STEP_LIMIT_KERNELS:-150}" python3 benchmarks/bench_kernels.py --out "$RES/second" \
+    timeout "${STEP_LIMIT_KERNELS:-150}" python3 tools/bench_kernels.py --out "$RES/second" \
       $KERNELS64_ARGS >> "$LOG" 2>&1 || rc=$?
   fi
   pack
@@ -96,23 +111,23 @@ if has ncu; then
     --section WarpStateStats --section LaunchStats --section SchedulerStats \
     --section ComputeWorkloadAnalysis --section InstructionStats \
     --metrics sm__cycles_active.avg,sm__cycles_active.max,sm__cycles_active.min \
-    python3 benchmarks/bench_kernels.py --ncu ${NCU_ARGS:---shapes products-like} \
+    python3 tools/bench_kernels.py --ncu ${NCU_ARGS:---shapes products-like} \
     > "$RES/ncu.log" 2>&1 || rc=$?
   tail -5 "$RES/ncu.log" >> "$LOG"
   pack
 fi
 if has ops; then
   step bench_ops
-  timeout "${STEP_LIMIT_OPS:-150}" python3 benchmarks/bench_ops.py --device cuda --out "$RES" \
-    ${OPS_ARGS:-} >> "$LOG" 2>&1 || rc=$?
-  pack
+  timeout "${STEP_LIMIT_OPS:-150}" python3 benchmarks/bench_ops.py --device cuda \
+    --out "$BENCH_OUT" ${OPS_ARGS:-} >> "$LOG" 2>&1 || rc=$?
+  pack_reference
 fi
 if has cora; then
   step cora
   DATA=$(mktemp -d); cp -r "$PYG_MULTIHEAD_AGG_DATA/Cora" "$DATA/"
   timeout "${STEP_LIMIT_CORA:-60}" python3 benchmarks/bench_cora_epoch.py --device cuda \
-    --root "$DATA" --rounds 20 > "$RES/cora_epoch_cuda.md" 2>&1 || rc=$?
-  cat "$RES/cora_epoch_cuda.md" | grep "|" >> "$LOG"
+    --root "$DATA" --rounds 20 --out "$BENCH_OUT" >> "$LOG" 2>&1 || rc=$?
+  pack_reference
   for adj in ${CORA_ADJS:-}; do
     timeout "${STEP_LIMIT_CORA:-60}" python3 examples/train_cora.py --device cuda --adj $adj \
       --runs "${CORA_RUNS:-10}" --quiet --root "$DATA" --json "$RES/cora_cuda_$adj.json" \
@@ -122,13 +137,19 @@ if has cora; then
 fi
 if has layer; then
   step bench_layer
-  timeout "${STEP_LIMIT_LAYER:-150}" python3 benchmarks/bench_layer.py --device cuda --out "$RES" \
-    ${LAYER_ARGS:-} >> "$LOG" 2>&1 || rc=$?
-  pack
+  timeout "${STEP_LIMIT_LAYER:-150}" python3 benchmarks/bench_layer.py --device cuda \
+    --out "$BENCH_OUT" ${LAYER_ARGS:-} >> "$LOG" 2>&1 || rc=$?
+  pack_reference
+fi
+if has minibatch && [ -f benchmarks/bench_minibatch.py ]; then
+  step bench_minibatch
+  timeout "${STEP_LIMIT_MINIBATCH:-150}" python3 benchmarks/bench_minibatch.py --device cuda \
+    --out "$BENCH_OUT" ${MINIBATCH_ARGS:-} >> "$LOG" 2>&1 || rc=$?
+  pack_reference
 fi
 if has profile; then
   step profile_layer
-  timeout "${STEP_LIMIT_PROFILE:-120}" python3 benchmarks/profile_layer.py --device cuda \
+  timeout "${STEP_LIMIT_PROFILE:-120}" python3 tools/profile_layer.py --device cuda \
     > "$RES/profile_layer.md" 2>&1 || rc=$?
   pack
 fi

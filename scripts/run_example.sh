@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Sets up (scripts/setup_env.sh) and trains the 2-layer GAT on Cora.
+# Sets up (scripts/setup_env.sh: pip and the build only when their inputs
+# changed) and trains the 2-layer GAT on Cora.
 # Extra arguments go to examples/train_cora.py, e.g. `--runs 10 --adj csr`.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

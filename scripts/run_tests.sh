@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Sets up (scripts/setup_env.sh) and runs the test suite. Extra arguments go to
-# pytest, e.g. `scripts/run_tests.sh -m "not slow"`.
+# Sets up (scripts/setup_env.sh: pip and the build only when their inputs
+# changed), lints and runs the test suite. Extra arguments go to pytest, e.g.
+# `scripts/run_tests.sh -m "not slow"`. Without a GPU the CUDA tests are
+# deselected (one summary line; tests/conftest.py).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/setup_env.sh"
 cd "$ROOT"
+echo "[tests] ruff check ."
 "$VENV/bin/python" -m ruff check .
+echo "[tests] pytest tests $*"
 "$VENV/bin/python" -m pytest tests "$@"

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import torch
 
@@ -87,3 +89,46 @@ PERM_INV_CASES_BAD = [
     ("perm_inv_float", lambda p: _inverse(p).float(), ["perm_inv"]),
     ("perm_inv_2d", lambda p: _inverse(p).view(1, -1), ["perm_inv"]),
 ]
+
+
+# Without a GPU, the tests that need one are deselected and counted in one
+# line, instead of a skip line each under -ra. A test needs CUDA if it is
+# marked `cuda`, carries a skipif whose reason says it needs CUDA (the
+# convention of these files), or is parametrized with device "cuda".
+_NEEDS_CUDA_REASON = re.compile(r"^needs (a )?CUDA\b")
+_CUDA_DESELECTED = pytest.StashKey[int]()
+
+
+def _is_cuda_device(value) -> bool:
+    if isinstance(value, torch.device):
+        return value.type == "cuda"
+    return isinstance(value, str) and value.split(":")[0] == "cuda"
+
+
+def _needs_cuda(item) -> bool:
+    if item.get_closest_marker("cuda") is not None:
+        return True
+    for mark in item.iter_markers("skipif"):
+        if _NEEDS_CUDA_REASON.match(str(mark.kwargs.get("reason", ""))):
+            return True
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and any(
+        "device" in name and _is_cuda_device(value) for name, value in callspec.params.items())
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    keep, deselected = [], []
+    for item in items:
+        (deselected if _needs_cuda(item) else keep).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = keep
+    config.stash[_CUDA_DESELECTED] = len(deselected)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    count = config.stash.get(_CUDA_DESELECTED, 0)
+    if count:
+        terminalreporter.write_line(f"deselected {count} CUDA tests: no CUDA device")

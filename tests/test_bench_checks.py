@@ -1,4 +1,4 @@
-"""bench_kernels.py checks every call against float64 before timing it: the
+"""tools/bench_kernels.py checks every call against float64 before timing it: the
 spmm checks find a wrong forward, grad_x or grad_weight, and a wrong result
 stops the run unless --no-check (CPU kernels, cora-like)."""
 import os
@@ -7,7 +7,8 @@ import sys
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path[:0] = [os.path.join(REPO, "tools"), os.path.join(REPO, "benchmarks")]
 import bench_kernels as bk  # noqa: E402
 from graphs import make_graph  # noqa: E402
 

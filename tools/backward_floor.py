@@ -22,7 +22,7 @@ one pass that puts grad_weight into edge order, i.e. a backward whose dots
 cost nothing. Where ``floor / fwd`` is above 2, the target "backward at most
 2x the forward" cannot be met with this contract, whatever the dot kernel.
 
-    python benchmarks/backward_floor.py --shapes arxiv-like,products-like,reddit-like
+    python tools/backward_floor.py --shapes arxiv-like,products-like,reddit-like
 """
 import argparse
 import json
@@ -33,6 +33,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# common.py and graphs.py live in benchmarks/.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
 from bench_kernels import check_spmm, enforce, fused_inputs  # noqa: E402
 from common import environment, time_fn  # noqa: E402
 from graphs import make_graph  # noqa: E402
@@ -59,7 +61,7 @@ def measure(g, csc, dtype, device):
     dots = torch.rand_like(w)  # stands for the CSC-ordered dots
     # The permutations move whole [H] rows as single elements (8 or 16 bytes
     # here): torch's index_select of [E, 4] float32 rows took 36.9 ms on
-    # products-like (session 19, call 3), against 1.5 ms for bf16's.
+    # products-like, against 1.5 ms for bf16's.
     w_rows, dot_rows = as_rows(w), as_rows(dots)
     calls = {
         "fwd": lambda: _ops.multihead_spmm(g.rowptr, g.col, w, x),

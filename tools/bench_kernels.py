@@ -9,14 +9,14 @@ the peers. Before timing, every call's results are checked against float64
 references on a subset (the first rows of the spmm forward and of the fused
 op, the first columns of grad_x and their edges' grad_weight); an error above
 the dtype's tolerance stops the run, so a fast wrong kernel cannot be timed.
-``--no-check`` still prints the errors but times anyway (session 11 timed a
-deliberately wrong bound that way).
+``--no-check`` still prints the errors but times anyway (to time a
+deliberately wrong variant).
 
 Also the driver for Nsight Compute: ``--ncu`` runs each call once, after one
 warm-up, inside ``cudaProfilerStart/Stop`` so that ``ncu --profile-from-start
 off`` sees only the calls of interest.
 
-    python benchmarks/bench_kernels.py --shapes products-like,reddit-like --out DIR
+    python tools/bench_kernels.py --shapes products-like,reddit-like --out DIR
 """
 import argparse
 import json
@@ -26,7 +26,8 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# common.py and graphs.py live in benchmarks/.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
 from common import TOLERANCE, copy_bandwidth, environment, gather_bytes, rel_error, time_fn  # noqa: E402
 from graphs import make_graph  # noqa: E402
 

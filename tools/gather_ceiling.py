@@ -12,7 +12,7 @@ before it is timed. In the same run, the package's own calls on the same
 graphs (``--ops``): the spmm forward, the forward over the CSC (the backward's
 gather alone) and the backward.
 
-    python benchmarks/gather_ceiling.py --shapes products-like,reddit-like --ops
+    python tools/gather_ceiling.py --shapes products-like,reddit-like --ops
 
 Builds ``gather_ceiling.cu`` with nvcc for sm_90 unless ``--lib`` names a
 built one.
@@ -29,7 +29,8 @@ import tempfile
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# common.py and graphs.py live in benchmarks/.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
 from common import copy_bandwidth, environment, time_fn  # noqa: E402
 from graphs import make_graph  # noqa: E402
 

@@ -11,10 +11,9 @@ dependency, `selected`: issuing, `not_selected`: eligible but another warp
 issued); how its executed warp instructions split by execution count (the
 step loop's instructions all run the same number of times, a row's setup
 once per row); and the instructions with the most samples, with their
-three main reasons. Session 11 read the bf16 arxiv-like gathers this way
-(benchmarks/results/gpu_2026-12-01_s11/call1).
+three main reasons.
 
-    python scripts/ncu_stalls.py REP_sass.csv[.gz] [--kernel SUBSTRING] [--top N]
+    python tools/ncu_stalls.py REP_sass.csv[.gz] [--kernel SUBSTRING] [--top N]
 """
 import argparse
 import collections

@@ -3,7 +3,7 @@ per-kernel totals for our GATConv (fused attention and, for comparison, the
 unfused path) on the benchmark graphs, the layer of bench_layer.py
 (F_in = 128, one self-loop per node, float32).
 
-    python benchmarks/profile_layer.py --device cuda --shapes products-like,reddit-like
+    python tools/profile_layer.py --device cuda --shapes products-like,reddit-like
 
 Prints one Markdown table per (shape, variant): the kernels by total CUDA
 time over the profiled steps, and the step's wall time.
@@ -16,7 +16,8 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# common.py and graphs.py live in benchmarks/.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
 
 from graphs import make_graph  # noqa: E402
 

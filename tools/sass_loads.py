@@ -6,19 +6,16 @@ prints, per kernel, its registers and spill (ptxas), the number of 16-byte
 loads (``LDG.E.128``, the feature-row gathers) and how many other 16-byte
 loads issue between each of them and the first instruction that reads its
 result. An unrolled step of U gathers, all issued before any is used, averages
-(U - 1) / 2 (3.5 for U = 8); gathers that wait for one another average 0.
-Session 5 found the bf16/fp16 gather kernels at 0.0-0.5 this way (a branch
-per load, the half-precision unpacking inside it), before any GPU time was
-spent. ``--width any --in-loops`` counts every global load inside an
-innermost loop and how many of them are used with no other load in flight.
-Run on session 9's build it flags the slice sums' loop (8 loads, none with
-another in flight: ``s += part[k]``, one round trip per slot), which
-session 10 found by hand after a GPU run had shown it only as time. It did
-not flag the row sums' one-load remainder loop, seen in the SASS by eye.
+(U - 1) / 2 (3.5 for U = 8); gathers that wait for one another average 0
+(e.g. a branch per load, with half-precision unpacking inside it).
+``--width any --in-loops`` counts every global load inside an innermost loop
+and how many of them are used with no other load in flight (a loop such as
+``s += part[k]`` that makes one round trip per slot). A one-load remainder
+loop is not flagged: read the SASS for those.
 
-    python scripts/sass_loads.py csrc/cuda/multihead_spmm.cu --filter "gather_kernel<float, int"
-    python scripts/sass_loads.py --obj build/.../gat_attention.o
-    python scripts/sass_loads.py --obj build/.../gat_attention.o --width any --in-loops
+    python tools/sass_loads.py csrc/cuda/multihead_spmm.cu --filter "gather_kernel<float, int"
+    python tools/sass_loads.py --obj build/.../gat_attention.o
+    python tools/sass_loads.py --obj build/.../gat_attention.o --width any --in-loops
 
 Needs nvcc (CUDA 12.x/13.x) and cuobjdump: from PATH, $CUDA_HOME/bin, or the
 PyPI wheel ``nvidia-cuda-cuobjdump`` (``pip install nvidia-cuda-cuobjdump``;

@@ -1,15 +1,13 @@
 """Instructions per unrolled step of each kernel's hot loop, from its SASS.
 
 Compiles a .cu file of csrc/cuda for sm_90 with setup.py's flags (as
-scripts/sass_loads.py, whose helpers it uses), disassembles it, and for every
+tools/sass_loads.py, whose helpers it uses), disassembles it, and for every
 kernel whose demangled name matches --filter prints the smallest loop (a
 backward branch and its body) that holds --gathers 16-byte loads, i.e. one
-unrolled step, with its instruction count and opcode histogram. Session 6
-used it to size the per-entry overhead the transposed kernels remove (spmm
-forward float32 4 x 32: 406 instructions per step of 8 entries, 296
-transposed).
+unrolled step, with its instruction count and opcode histogram (e.g. the
+per-entry overhead of one kernel variant against another).
 
-    python scripts/sass_loop.py csrc/cuda/multihead_spmm.cu --filter "gather_kernel<float, int"
+    python tools/sass_loop.py csrc/cuda/multihead_spmm.cu --filter "gather_kernel<float, int"
 """
 import argparse
 import os

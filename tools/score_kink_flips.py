@@ -12,7 +12,7 @@ default of ``pyg_multihead_agg.nn.GATConv``) and PyG's products
 (``(x_proj * att).sum(-1)``, ``fold_scores = False``), on the graph, layer,
 inputs and checked rows of ``bench_layer.py`` (same seeds).
 
-    python benchmarks/score_kink_flips.py --shape reddit-like
+    python tools/score_kink_flips.py --shape reddit-like
 """
 import argparse
 import os
@@ -21,7 +21,8 @@ import sys
 import torch
 from torch_geometric.nn import GATConv as PyGGATConv
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# common.py, graphs.py and bench_layer.py live in benchmarks/.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
 import common  # noqa: E402
 from bench_layer import IN_CHANNELS  # noqa: E402
 from graphs import make_graph  # noqa: E402
