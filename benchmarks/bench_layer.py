@@ -9,10 +9,15 @@ type sees the same edges and no row pays for self-loop handling per call):
 - ``PyG edge_index``: ``torch_geometric.nn.GATConv`` on a plain ``[2, E]``
   ``edge_index``, eager and under ``torch.compile`` (the strongest peer);
 - ``ours <adjacency>``: ``pyg_multihead_agg.nn.GATConv`` (fused attention:
-  softmax, dropout and aggregation in one op) on a ``torch.sparse_csr``
-  ``adj_t``, a column-sorted ``EdgeIndex`` (caches filled) and a
-  ``SparseTensor`` ``adj_t`` (caches filled; if torch_sparse is installed),
-  eager and compiled;
+  softmax, dropout and aggregation in one op) on the same plain
+  ``edge_index``, a ``torch.sparse_csr`` ``adj_t``, a column-sorted
+  ``EdgeIndex`` (caches filled) and a ``SparseTensor`` ``adj_t`` (caches
+  filled; if torch_sparse is installed), eager and compiled. The plain
+  ``edge_index`` is converted by the first eager call and cached; its
+  compiled row converts it in every call (traced), ``compiled, prepared``
+  reads it from ``prepare_adjacency`` (once, outside), and ``eager, new
+  graph every call`` converts it in every call (the cost of a first call,
+  and of a mini-batch);
 - ``ours <adjacency> unfused``: the same layer with ``fused_attention=False``
   (PyG's softmax and dropout, then the aggregation operator).
 
@@ -50,6 +55,9 @@ import common  # noqa: E402
 from common import Row, log  # noqa: E402
 from graphs import Graph, make_graph  # noqa: E402
 
+from pyg_multihead_agg import graph as prepared_graphs  # noqa: E402
+from pyg_multihead_agg import prepare_adjacency  # noqa: E402
+
 IN_CHANNELS = 128
 FORWARD, TRAIN = "forward", "forward+backward"
 PYG_EAGER = "PyG edge_index eager"
@@ -85,7 +93,8 @@ def adjacencies(g: Graph, dtype: torch.dtype) -> List[Tuple[str, Callable[[], ob
     def edge_index():
         return EdgeIndex(g.edge_index(), sparse_size=(n, n), sort_order="col").fill_cache_()
 
-    out = [("torch.sparse_csr", sparse_csr), ("EdgeIndex", edge_index)]
+    out = [("edge_index", g.edge_index), ("torch.sparse_csr", sparse_csr),
+           ("EdgeIndex", edge_index)]
     try:
         from torch_sparse import SparseTensor
     except ImportError:
@@ -197,12 +206,24 @@ def variants(g: Graph, pyg: torch.nn.Module, ours: Optional[torch.nn.Module], dt
     unfused.fused_attention = False
     unfolded = copy.deepcopy(ours)  # fused attention, PyG's score products
     unfolded.fold_scores = False
+    uncached = copy.deepcopy(ours)  # every call converts its graph, as a first call does
+    uncached.register_forward_pre_hook(lambda module, args: prepared_graphs.clear_cache())
     for adj_name, build in adjacencies(g, dtype):
         get_adj = functools.cache(build)
         out.append((f"ours {adj_name} eager", functools.partial(lambda a: (ours, a()), get_adj)))
+        if adj_name == "edge_index":
+            out.append(("ours edge_index eager, new graph every call",
+                        functools.partial(lambda a: (uncached, a()), get_adj)))
         if not args.no_compile:
             out.append((f"ours {adj_name} compiled", functools.partial(
                 lambda a: (torch.compile(ours, dynamic=args.dynamic), a()), get_adj)))
+        if adj_name == "edge_index":
+            if not args.no_compile:
+                out.append(("ours edge_index compiled, prepared", functools.partial(
+                    lambda a: (torch.compile(ours, dynamic=args.dynamic),
+                               prepare_adjacency(a(), num_nodes=g.num_nodes,
+                                                 add_self_loops=False)), get_adj)))
+            continue  # unfused: PyG's own path for a plain edge_index
         out.append((f"ours {adj_name} unfused eager",
                     functools.partial(lambda a: (unfused, a()), get_adj)))
         if args.fold_off_rows:
