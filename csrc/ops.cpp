@@ -1,5 +1,5 @@
 // Every schema of the library, and nothing else. Kernels register themselves
-// next to their code (csrc/cpu/*.cpp, csrc/cuda/*.cu); the fake (meta)
+// next to their code (csrc/cpu/*.cpp, csrc/cuda/*/entry.cu); the fake (meta)
 // implementations and autograd live in pyg_multihead_agg/ops.py.
 #include <Python.h>
 #include <torch/library.h>
@@ -43,7 +43,7 @@ TORCH_LIBRARY(pyg_multihead_agg, m) {
   // SDDMM over the CSR: out[e, h] = <a[row(e), h, :], b[col[e], h, :]>.
   m.def("multihead_sddmm(Tensor rowptr, Tensor col, Tensor a, Tensor b) -> Tensor");
 
-  // Fused GAT attention (docs/fused_attention.md). For destination i, head h
+  // Fused GAT attention (docs/gat_attention.md). For destination i, head h
   // and the edges e of row i (j = col[e]):
   //   z[e, h]     = s_src[j, h] + s_dst[i, h] (+ s_edge[e, h])
   //   alpha[e, h] = exp(leaky_relu(z[e, h], negative_slope) - lse[i, h])
@@ -81,4 +81,9 @@ TORCH_LIBRARY(pyg_multihead_agg, m) {
       "Tensor grad_out, Tensor? grad_lse, float negative_slope, float dropout_p, "
       "Tensor? philox, Tensor? bias=None, Tensor? perm_inv=None) -> "
       "(Tensor, Tensor, Tensor, Tensor)");
+
+  // Private test hook: forces the CUDA kernel path `name` (value -1: back to
+  // the launch heuristic) and returns the value it replaces; see
+  // csrc/cuda/utils/path_overrides.h and pyg_multihead_agg/_testing.py.
+  m.def("_set_kernel_path(str name, int value) -> int");
 }

@@ -3,15 +3,15 @@
 // attention: the mask of element (e, h) is a pure function of (seed, offset,
 // e, h), so the backward regenerates it instead of storing it, and the CPU and
 // CUDA kernels (and the Python reference in tests/gat_reference.py) draw the
-// same mask. See docs/fused_attention.md for the exact mapping.
+// same mask. See docs/gat_attention.md, "Dropout mask", for the exact mapping.
 #pragma once
 
 #include <cstdint>
 
 #if defined(__CUDACC__)
-#define PMA_HOST_DEVICE __host__ __device__ __forceinline__
+#define PHILOX_HOST_DEVICE __host__ __device__ __forceinline__
 #else
-#define PMA_HOST_DEVICE inline
+#define PHILOX_HOST_DEVICE inline
 #endif
 
 namespace pyg_multihead_agg {
@@ -20,7 +20,7 @@ struct Philox4 {
   uint32_t v[4];
 };
 
-PMA_HOST_DEVICE uint32_t philox_mulhilo(uint32_t a, uint32_t b, uint32_t& hi) {
+PHILOX_HOST_DEVICE uint32_t philox_mulhilo(uint32_t a, uint32_t b, uint32_t& hi) {
 #if defined(__CUDA_ARCH__)
   hi = __umulhi(a, b);
   return a * b;
@@ -32,7 +32,7 @@ PMA_HOST_DEVICE uint32_t philox_mulhilo(uint32_t a, uint32_t b, uint32_t& hi) {
 }
 
 // Ten rounds, key bumped between rounds (Random123's philox4x32_R(10, ...)).
-PMA_HOST_DEVICE Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
+PHILOX_HOST_DEVICE Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
                                       uint32_t k0, uint32_t k1) {
   constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
   constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
@@ -63,7 +63,7 @@ PMA_HOST_DEVICE Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uin
 struct DropoutRng {
   uint64_t seed = 0, offset = 0, threshold = 0;  // threshold 0: keep everything
 
-  PMA_HOST_DEVICE bool keep(int64_t e, int64_t h) const {
+  PHILOX_HOST_DEVICE bool keep(int64_t e, int64_t h) const {
     if (threshold == 0) return true;
     const uint64_t ue = static_cast<uint64_t>(e);
     const uint64_t c = offset + static_cast<uint64_t>(h >> 2);
@@ -75,7 +75,7 @@ struct DropoutRng {
 
   // keep(e, 4 * h4 + t) as bit t, t < 4, from one Philox call: a caller that
   // walks the heads of an edge in order draws once per four heads.
-  PMA_HOST_DEVICE unsigned keep4(int64_t e, int64_t h4) const {
+  PHILOX_HOST_DEVICE unsigned keep4(int64_t e, int64_t h4) const {
     if (threshold == 0) return 0xFu;
     const uint64_t ue = static_cast<uint64_t>(e);
     const uint64_t c = offset + static_cast<uint64_t>(h4);
@@ -97,3 +97,5 @@ inline uint64_t dropout_threshold(double p) {
 }
 
 }  // namespace pyg_multihead_agg
+
+#undef PHILOX_HOST_DEVICE

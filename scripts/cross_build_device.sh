@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # Builds pyg_multihead_agg/_C.abi3.so on this CPU machine for the GPU machine's
 # torch (2.11.0+cu130, sm_90a), with the flags its setup.py build uses there,
-# so that a device call can skip its ~2.5-minute build: carry the .so
+# so that a device call can skip its build: carry the .so
 # (`carry: ["pyg_multihead_agg/_C.abi3.so"]`) and run with PYTHONPATH=$PWD
-# (scripts/sanitize.sh with SANITIZE_BUILD=0). Session 5 ran its last
-# compute-sanitizer call this way. Needs nvcc 13.x and the torch wheel of the
-# device's version (headers and the five libraries it links against); the .so
-# is abi3 (Python >= 3.10), so the local Python's headers do.
+# (scripts/sanitize.sh with SANITIZE_BUILD=0). Needs nvcc 13.x and the torch
+# wheel of the device's version (headers and the five libraries it links
+# against); the .so is abi3 (Python >= 3.10), so the local Python's headers do.
 #   scripts/cross_build_device.sh [TORCH_VERSION (default 2.11.0)]
-# Afterwards a local CPU build must be restored (`pip install -e .`).
-# Variants for an A/B in one device call (env): NVCC_EXTRA (more nvcc flags,
-# e.g. -DPMA_DOT_TRANSPOSED_MIN_BLOCKS=4), REBUILD (the .cu files to compile,
-# e.g. "multihead_spmm"; the other objects are taken from OBJ_DIR as they
-# are), OBJ_DIR (default $WORK/obj) and OUT_SO (default the package's .so).
+# Afterwards a local CPU build must be restored (`pip install -e .`), unless
+# OUT_SO puts the .so elsewhere.
+# Env: MAX_JOBS (parallel nvcc processes, default nproc), NVCC_EXTRA (more
+# nvcc flags), REBUILD (the .cu files to compile, by path under csrc/cuda
+# without .cu, e.g. "spmm/entry attention/row_sum"; the other objects are
+# taken from OBJ_DIR as they are), OBJ_DIR (default $WORK/obj) and OUT_SO
+# (default the package's .so).
 set -euo pipefail
 VER="${1:-2.11.0}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -38,19 +39,33 @@ NVF="$NVF ${NVCC_EXTRA:-}"
 cd "$ROOT"
 OUT_SO="${OUT_SO:-$ROOT/pyg_multihead_agg/_C.abi3.so}"
 [ "$REBUILD" = all ] && rm -f "$O"/*.o
-pids=()
-for f in csrc/cuda/*.cu; do
-  [ "$REBUILD" = all ] || [[ " $REBUILD " == *" $(basename "$f" .cu) "* ]] || continue
-  # shellcheck disable=SC2086
-  "$CUDA/bin/nvcc" $INC -c "$f" -o "$O/cuda_$(basename "$f" .cu).o" $NVF $DEF &
-  pids+=($!)
+JOBS="${MAX_JOBS:-$(nproc)}"
+# One object per .cu, named by its path (csrc/cuda/spmm/entry.cu -> cuda_spmm_entry.o).
+cu=()
+for f in csrc/cuda/*/*.cu; do
+  name="${f#csrc/cuda/}"; name="${name%.cu}"
+  [ "$REBUILD" = all ] || [[ " $REBUILD " == *" $name "* ]] || continue
+  cu+=("$f")
 done
-for f in csrc/*.cpp csrc/cpu/*.cpp; do
+nvcc_one() {
+  local f="$1" name="${1#csrc/cuda/}"
+  name="${name%.cu}"
+  # shellcheck disable=SC2086
+  "$CUDA/bin/nvcc" $INC -c "$f" -o "$O/cuda_${name//\//_}.o" $NVF $DEF
+}
+export -f nvcc_one
+export CUDA INC NVF DEF O
+if [ ${#cu[@]} -gt 0 ]; then
+  printf '%s\n' "${cu[@]}" | xargs -P "$JOBS" -I{} bash -c 'nvcc_one "$1"' _ {} &
+  nvcc_pid=$!
+fi
+# The C++ sources (the CPU kernels, the schemas and the test hook's registry).
+for f in csrc/*.cpp csrc/cpu/*.cpp csrc/cuda/utils/*.cpp; do
   [ "$REBUILD" = all ] || continue
   # shellcheck disable=SC2086
   g++ $CXXF $INC $DEF -c "$f" -o "$O/$(echo "${f#csrc/}" | tr / _ | sed 's/\.cpp$//').o"
 done
-for p in "${pids[@]}"; do wait "$p"; done
+if [ -n "${nvcc_pid:-}" ]; then wait "$nvcc_pid"; fi
 g++ -shared -Wl,-O1 -Wl,-Bsymbolic-functions "$O"/*.o -L"$T/lib" -L"$CUDA/lib64" -lc10 -ltorch \
   -ltorch_cpu -lcudart -lc10_cuda -ltorch_cuda -o "$OUT_SO"
 echo "built $OUT_SO for torch $VER (sm_90a)"

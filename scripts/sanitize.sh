@@ -72,6 +72,8 @@ HUB=(
   "$K::test_power_law_with_hub[3-33-dtype1-index_dtype1]"
   "$K::test_power_law_with_hub[8-128-dtype0-index_dtype0]"
   "$K::test_sliced_columns_every_size[4-32-dtype2]"
+  "$K::test_forced_short_slices[4-32-dtype1]"
+  "$K::test_forced_short_slices[8-16-dtype2]"
 )
 # The fused attention kernels: a head of 33 channels (scalar path), a hub row
 # (block-wide forward), every source a long CSC column (sliced backward),
@@ -126,9 +128,10 @@ PERMINV=(
   "$G::test_backward_perm_inv_same_results[20x15-E200-H40-D2-float32-int32-s_edge-p0-transposed-cuda]"
   "$G::test_backward_perm_inv_same_results[8x50-E400-H8-D64-bfloat16-int64-no_edge-p0.5-transposed-cuda]"
   "$G::test_out_of_range_perm_inv_does_not_fault_cuda"
+  "$G::test_backward_forced_short_slices_cuda[60x6-E800-H3-D16-float32]"
 )
-# The tensor-core forward (tensor_core_gather.cuh) and backward
-# (tensor_core_backward.cuh): heads of 32 and 16 features, long rows summed
+# The tensor-core forward (csrc/cuda/spmm/tensor_core_gather.cuh) and backward
+# (csrc/cuda/spmm/tensor_core_backward.cuh): heads of 32 and 16 features, long rows summed
 # block-wide through shared memory (forward) or in slices (backward), the
 # non-finite fallback, malformed graphs and the unaligned fallback.
 TC=(

@@ -1,6 +1,6 @@
 """The CUDA kernels of every op against a float64 plain-PyTorch reference.
 
-Shapes are chosen to hit every specialisation of csrc/cuda/multihead_spmm.cu:
+Shapes are chosen to hit every specialisation of csrc/cuda/spmm/:
 16-byte vectors with 1, 2 and 4 vectors per lane and several feature chunks,
 groups of 1..32 lanes, the scalar path (D not a multiple of the vector width,
 or unaligned x), the generic SDDMM (D / V not a power of two, or heads wider
@@ -11,6 +11,7 @@ import torch
 from conftest import poison, reference_grad_x, reference_sddmm, reference_spmm
 
 from pyg_multihead_agg import csr_to_csc, invert_perm
+from pyg_multihead_agg._testing import force_kernel_path
 
 pytestmark = [
     pytest.mark.cuda,
@@ -212,24 +213,41 @@ def test_sliced_columns_every_size(heads, channels, dtype):
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("heads,channels", [(4, 32), (8, 16), (2, 64)])
+def test_forced_short_slices(heads, channels, dtype):
+    """force_kernel_path(slice_len=8) cuts every CSC column of more than 8
+    entries into slices of 8 (the heuristic's threshold is 64 on a graph this
+    small), in the dot-gather and tensor-core backwards: the popular sources
+    get more than 16 slices (sum_slices_kernel's block-wide rows), columns of
+    9 to 64 entries are sliced too. Every op still matches the reference."""
+    gen = torch.Generator().manual_seed(heads * 53 + channels)
+    rowptr, col = power_law_graph(300, 200, gen, hub_degree=700)
+    assert int(torch.bincount(col, minlength=200).max()) > 16 * 8
+    weight, x, grad_out = make_values(rowptr, col, 200, heads, channels, dtype, gen)
+    for index_dtype in INDICES:
+        with force_kernel_path(slice_len=8):
+            check_all_ops(rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype), weight, x,
+                          grad_out, dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("heads,channels", [(4, 16), (3, 32), (1, 32), (2, 64), (8, 8)])
-def test_forward_transposed_weights(heads, channels, dtype, monkeypatch):
+def test_forward_transposed_weights(heads, channels, dtype):
     """The spmm forward with heads of 4 or 8 lanes loads each entry's weight in
     one lane of the head and shuffles it to the others (the default) or loads
-    it in every lane (PYG_MULTIHEAD_AGG_TRANSPOSED=0): both match the
+    it in every lane (force_kernel_path(transposed=0)): both match the
     reference, row per group and row per warp, and agree bit for bit."""
     gen = torch.Generator().manual_seed(heads * 77 + channels)
     for index_dtype, (rowptr, col, num_src) in layout_graphs(gen):
         weight, x, _ = make_values(rowptr, col, num_src, heads, channels, dtype, gen)
         rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
         ref = reference_spmm(rowptr, col, weight, x)
-        for split in ("0", "1"):
-            monkeypatch.setenv("PYG_MULTIHEAD_AGG_SPLIT_ROWS", split)
+        for split in (0, 1):
             got = []
-            for layout in ("0", "1"):
-                monkeypatch.setenv("PYG_MULTIHEAD_AGG_TRANSPOSED", layout)
-                poison((rowptr.numel() - 1, heads, channels), dtype, "cuda")
-                out = ops.multihead_spmm(rowptr, col, weight, x)
+            for layout in (0, 1):
+                with force_kernel_path(split_rows=split, transposed=layout):
+                    poison((rowptr.numel() - 1, heads, channels), dtype, "cuda")
+                    out = ops.multihead_spmm(rowptr, col, weight, x)
                 assert_close(out, ref, dtype, f"layout {layout}, split {split}, {index_dtype}")
                 got.append(out)
             assert torch.equal(*got), f"split {split}, {index_dtype}"
@@ -238,7 +256,7 @@ def test_forward_transposed_weights(heads, channels, dtype, monkeypatch):
 @pytest.mark.parametrize("index_dtype", INDICES)
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("heads,channels", [(4, 32), (4, 16), (2, 64), (1, 32), (3, 32)])
-def test_gather_rows_around_the_step(heads, channels, dtype, index_dtype, monkeypatch):
+def test_gather_rows_around_the_step(heads, channels, dtype, index_dtype):
     """Rows of every length around the gathers' 8-entry step (0, 1, 7, 8, 9,
     16, 17, ...; the last step is partial, predicated) and long rows (a whole
     block), shuffled; the forward and the CSC grad_x gather, a row per group
@@ -251,64 +269,63 @@ def test_gather_rows_around_the_step(heads, channels, dtype, index_dtype, monkey
     weight, x, _ = make_values(rowptr, col, num_src, heads, channels, dtype, gen)
     rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
     ref = reference_spmm(rowptr, col, weight, x)
-    for split in ("0", "1"):
-        monkeypatch.setenv("PYG_MULTIHEAD_AGG_SPLIT_ROWS", split)
-        poison((rowptr.numel() - 1, heads, channels), dtype, "cuda")
-        out = ops.multihead_spmm(rowptr, col, weight, x)
-        assert_close(out, ref, dtype, f"split {split}")
-        # grad_x over the CSC runs the same gather with the perm
-        colptr, row, perm = csr_to_csc(rowptr, col, num_src)
-        grad_out = torch.randn(rowptr.numel() - 1, heads, channels, generator=gen).to(dtype).cuda()
-        poison((num_src, heads, channels), dtype, "cuda")
-        gx, _ = ops.multihead_spmm_backward_csc(colptr, row, perm, weight, None, grad_out)
-        assert_close(gx, reference_grad_x(rowptr, col, weight, grad_out, num_src), dtype,
-                     f"grad_x, split {split}")
+    for split in (0, 1):
+        with force_kernel_path(split_rows=split):
+            poison((rowptr.numel() - 1, heads, channels), dtype, "cuda")
+            out = ops.multihead_spmm(rowptr, col, weight, x)
+            assert_close(out, ref, dtype, f"split {split}")
+            # grad_x over the CSC runs the same gather with the perm
+            colptr, row, perm = csr_to_csc(rowptr, col, num_src)
+            grad_out = torch.randn(rowptr.numel() - 1, heads, channels,
+                                   generator=gen).to(dtype).cuda()
+            poison((num_src, heads, channels), dtype, "cuda")
+            gx, _ = ops.multihead_spmm_backward_csc(colptr, row, perm, weight, None, grad_out)
+            assert_close(gx, reference_grad_x(rowptr, col, weight, grad_out, num_src), dtype,
+                         f"grad_x, split {split}")
 
 
-@pytest.mark.parametrize("split", ["0", "1"], ids=["row_per_group", "row_per_warp"])
+@pytest.mark.parametrize("split", [0, 1], ids=["row_per_group", "row_per_warp"])
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("heads,channels", [(1, 1), (1, 3), (1, 8), (8, 8), (4, 32), (2, 24)])
-def test_forward_narrow_rows_both_layouts(heads, channels, dtype, split, monkeypatch):
+def test_forward_narrow_rows_both_layouts(heads, channels, dtype, split):
     """Rows narrower than a warp (G < 32 lanes) are gathered either one row per
     group of lanes or one row per warp, the warp's groups splitting its entries
-    (PYG_MULTIHEAD_AGG_SPLIT_ROWS forces the choice the kernel otherwise makes
-    from the average degree): both match the reference on power-law rows (a
-    hub, empty rows) and on short uniform rows, int32 and int64."""
-    monkeypatch.setenv("PYG_MULTIHEAD_AGG_SPLIT_ROWS", split)
+    (force_kernel_path(split_rows=...) forces the choice the launcher otherwise
+    makes from the average degree): both match the reference on power-law rows
+    (a hub, empty rows) and on short uniform rows, int32 and int64."""
     gen = torch.Generator().manual_seed(heads * 100 + channels)
     for index_dtype, (rowptr, col, num_src) in layout_graphs(gen):
         weight, x, _ = make_values(rowptr, col, num_src, heads, channels, dtype, gen)
         rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
-        poison((rowptr.numel() - 1, heads, channels), dtype, "cuda")
-        out = ops.multihead_spmm(rowptr, col, weight, x)
-        assert_close(out, reference_spmm(rowptr, col, weight, x), dtype, f"forward, {index_dtype}")
-        assert torch.equal(ops.multihead_spmm(rowptr, col, weight, x), out)  # deterministic
+        with force_kernel_path(split_rows=split):
+            poison((rowptr.numel() - 1, heads, channels), dtype, "cuda")
+            out = ops.multihead_spmm(rowptr, col, weight, x)
+            assert_close(out, reference_spmm(rowptr, col, weight, x), dtype,
+                         f"forward, {index_dtype}")
+            assert torch.equal(ops.multihead_spmm(rowptr, col, weight, x), out)  # deterministic
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("heads,channels", [(4, 16), (3, 32), (1, 32), (2, 64), (8, 8)])
-def test_dot_products_both_layouts(heads, channels, dtype, monkeypatch):
+def test_dot_products_both_layouts(heads, channels, dtype):
     """The dot-gather kernels (spmm backward over the CSC, SDDMM) with heads of
     4 or 8 lanes reduce each step's dot products with a transposing butterfly
-    (the default) or one butterfly per entry (PYG_MULTIHEAD_AGG_TRANSPOSED
-    = 0): both match the reference on a power-law graph with a hub (sliced
-    columns) and on short uniform rows, int32 and int64, and agree bit for bit.
-    The transposed kernel of 2-byte types runs steps of 8 entries (the default)
-    or 4 (PYG_MULTIHEAD_AGG_DOT_STEP=4; float32 ignores it): same sums."""
+    (the default) or one butterfly per entry (force_kernel_path(transposed=0)):
+    both match the reference on a power-law graph with a hub (sliced columns)
+    and on short uniform rows, int32 and int64, and agree bit for bit."""
     gen = torch.Generator().manual_seed(heads * 1000 + channels)
     for index_dtype, (rowptr, col, num_src) in layout_graphs(gen):
         weight, x, grad_out = make_values(rowptr, col, num_src, heads, channels, dtype, gen)
         rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
         colptr, row, perm = csr_to_csc(rowptr, col, num_src)
         got = []
-        for layout, step in (("0", "8"), ("1", "8"), ("1", "4")):
-            monkeypatch.setenv("PYG_MULTIHEAD_AGG_TRANSPOSED", layout)
-            monkeypatch.setenv("PYG_MULTIHEAD_AGG_DOT_STEP", step)
-            poison((num_src, heads, channels), dtype, "cuda")
-            gx, gw = ops.multihead_spmm_backward_csc(colptr, row, perm, weight, x, grad_out)
-            poison((col.numel(), heads), dtype, "cuda")
-            sddmm = ops.multihead_sddmm(rowptr, col, grad_out, x)
-            what = f"layout {layout}, step {step}, {index_dtype}"
+        for layout in (0, 1):
+            with force_kernel_path(transposed=layout):
+                poison((num_src, heads, channels), dtype, "cuda")
+                gx, gw = ops.multihead_spmm_backward_csc(colptr, row, perm, weight, x, grad_out)
+                poison((col.numel(), heads), dtype, "cuda")
+                sddmm = ops.multihead_sddmm(rowptr, col, grad_out, x)
+            what = f"layout {layout}, {index_dtype}"
             assert_close(gx, reference_grad_x(rowptr, col, weight, grad_out, num_src), dtype,
                          f"grad_x, {what}")
             ref_gw = reference_sddmm(rowptr, col, grad_out, x)
@@ -324,11 +341,11 @@ def test_dot_products_both_layouts(heads, channels, dtype, monkeypatch):
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("heads,channels", [(4, 32), (4, 16), (1, 32), (1, 8), (1, 1), (3, 32),
                                             (4, 64)])
-def test_sorted_fetch_same_results(heads, channels, dtype, index_dtype, monkeypatch):
+def test_sorted_fetch_same_results(heads, channels, dtype, index_dtype):
     """The 2-byte spmm kernels (the forward's transposed gathers, the
     dot-gathers of the backward and the SDDMM) sort a warp's fetch of short
-    rows by degree before its groups take them (PYG_MULTIHEAD_AGG_SORT_FETCH=1,
-    the default), or take them in fetch order (0); the others always do the
+    rows by degree before its groups take them (the default), or take them in
+    fetch order (force_kernel_path(sort_fetch=0)); the others always do the
     latter. Rows
     narrower than a warp (2 to 32 groups a warp; fetches of 64 items, two
     sorted windows of 32, at 8 groups; none sorted above), on rows of many
@@ -343,13 +360,12 @@ def test_sorted_fetch_same_results(heads, channels, dtype, index_dtype, monkeypa
     weight, x, grad_out = make_values(rowptr, col, num_src, heads, channels, dtype, gen)
     rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
     got = []
-    for sort in ("0", "1"):
-        monkeypatch.setenv("PYG_MULTIHEAD_AGG_SORT_FETCH", sort)
-        outs = check_all_ops(rowptr, col, weight, x, grad_out, dtype)
-        poison((rowptr.numel() - 1, heads, channels), dtype, "cuda")
-        monkeypatch.setenv("PYG_MULTIHEAD_AGG_SPLIT_ROWS", "0")  # a row per group
-        per_group = ops.multihead_spmm(rowptr, col, weight, x)
-        monkeypatch.delenv("PYG_MULTIHEAD_AGG_SPLIT_ROWS")
+    for sort in (0, 1):
+        with force_kernel_path(sort_fetch=sort):
+            outs = check_all_ops(rowptr, col, weight, x, grad_out, dtype)
+            poison((rowptr.numel() - 1, heads, channels), dtype, "cuda")
+            with force_kernel_path(split_rows=0):  # a row per group
+                per_group = ops.multihead_spmm(rowptr, col, weight, x)
         assert_close(per_group, reference_spmm(rowptr, col, weight, x), dtype,
                      f"forward, a row per group, sort {sort}")
         got.append((*outs, per_group))
@@ -377,45 +393,40 @@ def tile_graphs(gen):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("heads,channels", TC_HEADS)
-def test_tensor_core_forward(heads, channels, dtype, monkeypatch):
+def test_tensor_core_forward(heads, channels, dtype):
     """The spmm forward of 2-byte types on the tensor cores
-    (PYG_MULTIHEAD_AGG_TENSOR_CORES=1; tensor_core_gather.cuh), in both its
-    kernels (PYG_MULTIHEAD_AGG_TC_STAGED=1: rows staged in shared memory, 0:
-    in registers), and on the register kernels (TENSOR_CORES=0) match the
-    float64 reference, int32 and int64, with a poisoned output (every row
-    written, long and empty ones included), and each is bitwise
-    reproducible. Unset, the variables pick one of them."""
+    (force_kernel_path(tensor_cores=1); spmm/tensor_core_gather.cuh), in both
+    its kernels (tc_staged=1: rows staged in shared memory, 0: in registers),
+    and on the register kernels (tensor_cores=0) match the float64 reference,
+    int32 and int64, with a poisoned output (every row written, long and empty
+    ones included), and each is bitwise reproducible. Not forced, the
+    heuristics pick one of them."""
     gen = torch.Generator().manual_seed(heads * 13 + channels)
     for index_dtype, (rowptr, col, num_src) in tile_graphs(gen):
         weight, x, _ = make_values(rowptr, col, num_src, heads, channels, dtype, gen)
         rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
         ref = reference_spmm(rowptr, col, weight, x)
-        for mode, staged in (("1", "1"), ("1", "0"), ("0", "1")):
-            monkeypatch.setenv("PYG_MULTIHEAD_AGG_TENSOR_CORES", mode)
-            monkeypatch.setenv("PYG_MULTIHEAD_AGG_TC_STAGED", staged)
-            poison((rowptr.numel() - 1, heads, channels), dtype, "cuda")
-            out = ops.multihead_spmm(rowptr, col, weight, x)
-            what = f"tensor cores {mode}, staged {staged}, {index_dtype}"
-            assert_close(out, ref, dtype, what)
-            assert torch.equal(ops.multihead_spmm(rowptr, col, weight, x), out), what
-        monkeypatch.delenv("PYG_MULTIHEAD_AGG_TENSOR_CORES")
-        monkeypatch.delenv("PYG_MULTIHEAD_AGG_TC_STAGED")
+        for mode, staged in ((1, 1), (1, 0), (0, 1)):
+            with force_kernel_path(tensor_cores=mode, tc_staged=staged):
+                poison((rowptr.numel() - 1, heads, channels), dtype, "cuda")
+                out = ops.multihead_spmm(rowptr, col, weight, x)
+                what = f"tensor cores {mode}, staged {staged}, {index_dtype}"
+                assert_close(out, ref, dtype, what)
+                assert torch.equal(ops.multihead_spmm(rowptr, col, weight, x), out), what
         assert_close(ops.multihead_spmm(rowptr, col, weight, x), ref, dtype, "default")
 
 
 @pytest.mark.parametrize("index_dtype", INDICES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_tensor_core_forward_non_finite(dtype, index_dtype, monkeypatch):
+def test_tensor_core_forward_non_finite(dtype, index_dtype):
     """An inf or NaN gathered for one row must not reach the rows that share
     its 16-entry chunks (a zero weight times inf is NaN in an mma): with
     sources holding inf, -inf and NaN, the tensor-core forward gives NaN and
     inf exactly where the float64 reference does (the tile is recomputed
     one entry at a time), and matches it elsewhere, long rows included; the
     staged kernel on one graph, the register one on the other."""
-    monkeypatch.setenv("PYG_MULTIHEAD_AGG_TENSOR_CORES", "1")
     gen = torch.Generator().manual_seed(17)
-    for (_, (rowptr, col, num_src)), staged in zip(tile_graphs(gen), ("1", "0"), strict=True):
-        monkeypatch.setenv("PYG_MULTIHEAD_AGG_TC_STAGED", staged)
+    for (_, (rowptr, col, num_src)), staged in zip(tile_graphs(gen), (1, 0), strict=True):
         weight, x, _ = make_values(rowptr, col, num_src, 4, 32, dtype, gen)
         x[num_src - 1, 1, 5] = float("inf")  # rarely gathered (skewed sources)
         x[num_src - 2, 0, :] = float("-inf")
@@ -423,7 +434,8 @@ def test_tensor_core_forward_non_finite(dtype, index_dtype, monkeypatch):
         rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
         ref = reference_spmm(rowptr, col, weight, x)
         poison((rowptr.numel() - 1, 4, 32), dtype, "cuda")
-        out = ops.multihead_spmm(rowptr, col, weight, x).double().cpu()
+        with force_kernel_path(tensor_cores=1, tc_staged=staged):
+            out = ops.multihead_spmm(rowptr, col, weight, x).double().cpu()
         bad = ~torch.isfinite(ref)
         assert 0 < int(bad.any(-1).any(-1).sum()) < rowptr.numel() - 1
         assert torch.equal(torch.isnan(out), torch.isnan(ref))
@@ -433,22 +445,21 @@ def test_tensor_core_forward_non_finite(dtype, index_dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("index_dtype", INDICES)
-def test_tensor_core_forward_malformed_and_unaligned(index_dtype, monkeypatch):
+def test_tensor_core_forward_malformed_and_unaligned(index_dtype):
     """The tensor-core forward on malformed graphs (out-of-range sources,
     decreasing, negative, overflowing and overlapping pointers) neither faults
     nor hangs (scripts/sanitize.sh runs it under memcheck); on weights and x
     that are not aligned for it, it steps aside for the register kernels and
     the result is right."""
-    monkeypatch.setenv("PYG_MULTIHEAD_AGG_TENSOR_CORES", "1")
     gen = torch.Generator().manual_seed(23)
     num_dst, num_src, num_edges = 43, 30, 600
     for rowptr, col in malformed_graphs(num_dst, num_src, num_edges, gen):
         rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
         for heads, channels in TC_HEADS:
             weight, x, _ = make_values(rowptr, col, num_src, heads, channels, torch.bfloat16, gen)
-            for staged in ("1", "0"):
-                monkeypatch.setenv("PYG_MULTIHEAD_AGG_TC_STAGED", staged)
-                ops.multihead_spmm(rowptr, col, weight, x)
+            for staged in (1, 0):
+                with force_kernel_path(tensor_cores=1, tc_staged=staged):
+                    ops.multihead_spmm(rowptr, col, weight, x)
     torch.cuda.synchronize()
     rowptr, col = power_law_graph(100, 80, gen, hub_degree=500)
     weight, x, _ = make_values(rowptr, col, 80, 4, 32, torch.bfloat16, gen)
@@ -460,8 +471,9 @@ def test_tensor_core_forward_malformed_and_unaligned(index_dtype, monkeypatch):
         w = w_flat[w_off:].view(weight.shape).copy_(weight)
         xx = x_flat[x_off:].view(x.shape).copy_(x)
         poison((100, 4, 32), torch.bfloat16, "cuda")
-        assert_close(ops.multihead_spmm(rowptr, col, w, xx), ref, torch.bfloat16,
-                     f"weight offset {w_off}, x offset {x_off}")
+        with force_kernel_path(tensor_cores=1):
+            out = ops.multihead_spmm(rowptr, col, w, xx)
+        assert_close(out, ref, torch.bfloat16, f"weight offset {w_off}, x offset {x_off}")
 
 
 def cuda_kernel_names(fn):
@@ -474,14 +486,14 @@ def cuda_kernel_names(fn):
 
 
 @pytest.mark.parametrize("heads,channels", TC_HEADS)
-def test_tensor_core_kernels_are_the_ones_that_run(heads, channels, monkeypatch):
+def test_tensor_core_kernels_are_the_ones_that_run(heads, channels):
     """The other tensor-core tests compare results, which the register
     kernels would pass too if a launcher stepped aside: by kernel name,
-    PYG_MULTIHEAD_AGG_TENSOR_CORES=1 runs the tensor-core forward (the staged
-    or the register kernel, as PYG_MULTIHEAD_AGG_TC_STAGED asks), the
-    tensor-core backward of both gradients and the one of grad_x alone, 0 none
-    of them, and unset (14 entries a row) all, the staged forward for heads of
-    32 and 64 channels; unset with 100 entries a row, the forward keeps its
+    force_kernel_path(tensor_cores=1) runs the tensor-core forward (the staged
+    or the register kernel, as tc_staged asks), the tensor-core backward of
+    both gradients and the one of grad_x alone, 0 none of them, and the
+    heuristics (14 entries a row) all, the staged forward for heads of 32 and
+    64 channels; the heuristics with 100 entries a row keep the forward on its
     register kernels, and the backwards (of 20 entries a CSC row) do not."""
     gen = torch.Generator().manual_seed(heads)
     # (The profiler names a kernel with its signature: "k<T, int, 4, true>(...)".)
@@ -490,9 +502,9 @@ def test_tensor_core_kernels_are_the_ones_that_run(heads, channels, monkeypatch)
              "grad_x": ("tc_dot_gather_kernel<", ", false>(")}
     default_forward = "staged" if heads <= 4 else "register"
     for num_rows, num_src, num_edges, cases in (
-            (300, 200, 300 * 14, (("1", "1", {"staged", "backward", "grad_x"}),
-                                  ("1", "0", {"register", "backward", "grad_x"}),
-                                  ("0", "1", set()),
+            (300, 200, 300 * 14, ((1, 1, {"staged", "backward", "grad_x"}),
+                                  (1, 0, {"register", "backward", "grad_x"}),
+                                  (0, 1, set()),
                                   (None, None, {default_forward, "backward", "grad_x"}))),
             (20, 100, 2000, ((None, None, {"backward", "grad_x"}),))):
         rowptr, col = random_graph(num_rows, num_src, num_edges, gen)
@@ -508,13 +520,8 @@ def test_tensor_core_kernels_are_the_ones_that_run(heads, channels, monkeypatch)
             ops.multihead_spmm_backward_csc(colptr, row, perm, weight, None, grad_out)
 
         for mode, staged, expected in cases:
-            for name, value in (("PYG_MULTIHEAD_AGG_TENSOR_CORES", mode),
-                                ("PYG_MULTIHEAD_AGG_TC_STAGED", staged)):
-                if value is None:
-                    monkeypatch.delenv(name, raising=False)
-                else:
-                    monkeypatch.setenv(name, value)
-            names = cuda_kernel_names(run)
+            with force_kernel_path(tensor_cores=mode, tc_staged=staged):
+                names = cuda_kernel_names(run)
             ran = {kind for kind, (key, end) in kinds.items()
                    if any(key in n and end in n for n in names)}
             assert ran == expected, (num_edges, mode, staged, sorted(ran), names)
@@ -543,15 +550,15 @@ def backward_both(colptr, row, perm, weight, x, grad_out, perm_inv, num_src):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("heads,channels", TC_HEADS)
-def test_tensor_core_backward(heads, channels, dtype, monkeypatch):
+def test_tensor_core_backward(heads, channels, dtype):
     """Both gradients of the spmm backward of 2-byte types on the tensor cores
-    (PYG_MULTIHEAD_AGG_TENSOR_CORES=1; tensor_core_backward.cuh) and on the
-    dot-gather kernel (0) match the float64 reference, int32 and int64, with
-    grad_weight stored by edge id and by CSC entry (perm_inv), poisoned
-    outputs, long CSC rows (cut into slices) and empty ones; each is
-    bitwise reproducible, and perm_inv changes no bit. Unset, the variable
-    picks one of them. grad_x alone (no x: its kernel without the dots, or
-    the register gather over the CSC) matches too, and on the tensor cores
+    (force_kernel_path(tensor_cores=1); spmm/tensor_core_backward.cuh) and on
+    the dot-gather kernel (0) match the float64 reference, int32 and int64,
+    with grad_weight stored by edge id and by CSC entry (perm_inv), poisoned
+    outputs, long CSC rows (cut into slices) and empty ones; each is bitwise
+    reproducible, and perm_inv changes no bit. Not forced, the heuristic picks
+    one of them. grad_x alone (no x: its kernel without the dots, or the
+    dot-gather kernel without them) matches too, and on the tensor cores
     equals the grad_x of both bit for bit."""
     gen = torch.Generator().manual_seed(heads * 7 + channels)
     for index_dtype, (rowptr, col, num_src) in transposed_too(tile_graphs(gen)):
@@ -561,37 +568,33 @@ def test_tensor_core_backward(heads, channels, dtype, monkeypatch):
         rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
         colptr, row, perm = csr_to_csc(rowptr, col, num_src)
         perm_inv = invert_perm(perm)
-        for mode in ("1", "0", None):
-            if mode is None:
-                monkeypatch.delenv("PYG_MULTIHEAD_AGG_TENSOR_CORES")
-            else:
-                monkeypatch.setenv("PYG_MULTIHEAD_AGG_TENSOR_CORES", mode)
+        for mode in (1, 0, None):
             what = f"tensor cores {mode}, {index_dtype}"
-            gx, gw = backward_both(colptr, row, perm, weight, x, grad_out, None, num_src)
-            assert_close(gx, ref_gx, dtype, f"grad_x, {what}")
-            assert_close(gw, ref_gw, dtype, f"grad_weight, {what}")
-            gx_inv, gw_inv = backward_both(colptr, row, perm, weight, x, grad_out, perm_inv,
-                                           num_src)
-            assert torch.equal(gx_inv, gx) and torch.equal(gw_inv, gw), f"perm_inv, {what}"
-            again = backward_both(colptr, row, perm, weight, x, grad_out, perm_inv, num_src)
-            assert torch.equal(again[0], gx) and torch.equal(again[1], gw), f"repeat, {what}"
-            gx_only, gw_none = backward_both(colptr, row, perm, weight, None, grad_out, None,
-                                             num_src)
+            with force_kernel_path(tensor_cores=mode):
+                gx, gw = backward_both(colptr, row, perm, weight, x, grad_out, None, num_src)
+                assert_close(gx, ref_gx, dtype, f"grad_x, {what}")
+                assert_close(gw, ref_gw, dtype, f"grad_weight, {what}")
+                gx_inv, gw_inv = backward_both(colptr, row, perm, weight, x, grad_out, perm_inv,
+                                               num_src)
+                assert torch.equal(gx_inv, gx) and torch.equal(gw_inv, gw), f"perm_inv, {what}"
+                again = backward_both(colptr, row, perm, weight, x, grad_out, perm_inv, num_src)
+                assert torch.equal(again[0], gx) and torch.equal(again[1], gw), f"repeat, {what}"
+                gx_only, gw_none = backward_both(colptr, row, perm, weight, None, grad_out, None,
+                                                 num_src)
             assert gw_none.numel() == 0
             assert_close(gx_only, ref_gx, dtype, f"grad_x alone, {what}")
-            if mode == "1":
+            if mode == 1:
                 assert torch.equal(gx_only, gx), f"grad_x alone, {what}"
 
 
 @pytest.mark.parametrize("index_dtype", INDICES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_tensor_core_backward_non_finite(dtype, index_dtype, monkeypatch):
+def test_tensor_core_backward_non_finite(dtype, index_dtype):
     """inf and NaN in grad_out (gathered by the CSC's chunks, so a zero weight
     times inf would reach the other rows of a chunk), in x (a tile row's B
     column of the dots) and in the weights: the tensor-core backward gives
     NaN and +-inf in grad_x and grad_weight exactly where the float64
     reference does, and matches it elsewhere."""
-    monkeypatch.setenv("PYG_MULTIHEAD_AGG_TENSOR_CORES", "1")
     gen = torch.Generator().manual_seed(29)
     for _, (rowptr, col, num_src) in transposed_too(tile_graphs(gen)):
         num_dst = rowptr.numel() - 1
@@ -606,9 +609,11 @@ def test_tensor_core_backward_non_finite(dtype, index_dtype, monkeypatch):
         ref_gw = reference_sddmm(rowptr, col, grad_out, x)
         rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
         colptr, row, perm = csr_to_csc(rowptr, col, num_src)
-        gx_only, _ = backward_both(colptr, row, perm, weight, None, grad_out, None, num_src)
+        with force_kernel_path(tensor_cores=1):
+            gx_only, _ = backward_both(colptr, row, perm, weight, None, grad_out, None, num_src)
         for inv in (None, invert_perm(perm)):
-            gx, gw = backward_both(colptr, row, perm, weight, x, grad_out, inv, num_src)
+            with force_kernel_path(tensor_cores=1):
+                gx, gw = backward_both(colptr, row, perm, weight, x, grad_out, inv, num_src)
             for name, out, ref in (("grad_x", gx, ref_gx), ("grad_weight", gw, ref_gw),
                                    ("grad_x alone", gx_only, ref_gx)):
                 out = out.double().cpu()
@@ -622,83 +627,45 @@ def test_tensor_core_backward_non_finite(dtype, index_dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("index_dtype", INDICES)
-def test_tensor_core_backward_malformed_and_unaligned(index_dtype, monkeypatch):
+def test_tensor_core_backward_malformed_and_unaligned(index_dtype):
     """The tensor-core backward on malformed CSCs (out-of-range rows and edge
     ids, decreasing, negative, overflowing and overlapping pointers) neither
     faults nor hangs (scripts/sanitize.sh runs it under memcheck); with a
     weight or x not aligned for it, it steps aside and the result is right."""
-    monkeypatch.setenv("PYG_MULTIHEAD_AGG_TENSOR_CORES", "1")
-    gen = torch.Generator().manual_seed(31)
-    num_dst, num_src, num_edges = 43, 30, 600
-    for colptr, row in malformed_graphs(num_src, num_dst, num_edges, gen):
-        colptr, row = colptr.cuda().to(index_dtype), row.cuda().to(index_dtype)
-        bad_perm = torch.randperm(num_edges, generator=gen).cuda().to(index_dtype)
-        bad_perm[::9] = num_edges + 3
-        bad_perm[1::9] = -2
-        for heads, channels in TC_HEADS:
-            weight, x, grad_out = (
-                torch.randn(shape, generator=gen).to(torch.bfloat16).cuda()
-                for shape in ((num_edges, heads), (num_src, heads, channels),
-                              (num_dst, heads, channels)))
-            for inv in (None, torch.arange(num_edges, device="cuda").to(index_dtype)):
-                ops.multihead_spmm_backward_csc(colptr, row, bad_perm, weight, x, grad_out, inv)
-            ops.multihead_spmm_backward_csc(colptr, row, bad_perm, weight, None, grad_out)
-    torch.cuda.synchronize()
-    rowptr, col = power_law_graph(100, 80, gen, hub_degree=500)
-    weight, x, grad_out = make_values(rowptr, col, 80, 4, 32, torch.bfloat16, gen)
-    ref_gx = reference_grad_x(rowptr, col, weight, grad_out, 80)
-    ref_gw = reference_sddmm(rowptr, col, grad_out, x)
-    rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
-    colptr, row, perm = csr_to_csc(rowptr, col, 80)
-    for w_off, x_off in ((1, 0), (0, 1), (0, 0)):
-        w_flat = torch.empty(weight.numel() + w_off, dtype=weight.dtype, device="cuda")
-        x_flat = torch.empty(x.numel() + x_off, dtype=x.dtype, device="cuda")
-        w = w_flat[w_off:].view(weight.shape).copy_(weight)
-        xx = x_flat[x_off:].view(x.shape).copy_(x)
-        gx, gw = backward_both(colptr, row, perm, w, xx, grad_out, None, 80)
-        what = f"weight offset {w_off}, x offset {x_off}"
-        assert_close(gx, ref_gx, torch.bfloat16, f"grad_x, {what}")
-        assert_close(gw, ref_gw, torch.bfloat16, f"grad_weight, {what}")
-        gx, _ = backward_both(colptr, row, perm, w, None, grad_out, None, 80)
-        assert_close(gx, ref_gx, torch.bfloat16, f"grad_x alone, {what}")
-
-
-@pytest.mark.parametrize("name,value,expected", [
-    ("PYG_MULTIHEAD_AGG_DOT_STEP", "2", "4 or 8"),
-    ("PYG_MULTIHEAD_AGG_DOT_STEP", "16", "4 or 8"),
-    ("PYG_MULTIHEAD_AGG_DOT_STEP", "eight", "4 or 8"),
-    ("PYG_MULTIHEAD_AGG_TRANSPOSED", "yes", "0 or 1"),
-    ("PYG_MULTIHEAD_AGG_TRANSPOSED", "10", "0 or 1"),
-    ("PYG_MULTIHEAD_AGG_SPLIT_ROWS", "2", "0 or 1"),
-    ("PYG_MULTIHEAD_AGG_SPLIT_ROWS", "1x", "0 or 1"),
-    ("PYG_MULTIHEAD_AGG_SPLIT_ROWS", "-1", "0 or 1"),
-    ("PYG_MULTIHEAD_AGG_SORT_FETCH", "2", "0 or 1"),
-    ("PYG_MULTIHEAD_AGG_SORT_FETCH", "on", "0 or 1"),
-    ("PYG_MULTIHEAD_AGG_TENSOR_CORES", "2", "0 or 1"),
-    ("PYG_MULTIHEAD_AGG_TENSOR_CORES", "auto", "0 or 1"),
-    ("PYG_MULTIHEAD_AGG_TC_STAGED", "2", "0 or 1"),
-    ("PYG_MULTIHEAD_AGG_SLICE_SCALE", "3", "1, 2, 4, 8 or 16"),
-    ("PYG_MULTIHEAD_AGG_SLICE_SCALE", "0", "1, 2, 4, 8 or 16"),
-    ("PYG_MULTIHEAD_AGG_SLICE_DIV", "32", "1, 2, 4, 8 or 16"),
-    ("PYG_MULTIHEAD_AGG_SLICE_DIV", "half", "1, 2, 4, 8 or 16"),
-])
-def test_tuning_flags_are_checked(name, value, expected, monkeypatch):
-    """A bad value of a tuning variable raises, naming it and what it must be,
-    instead of being ignored (SPLIT_ROWS was, until session 9)."""
-    monkeypatch.setenv(name, value)
-    gen = torch.Generator().manual_seed(6)
-    rowptr, col = random_graph(20, 20, 60, gen)
-    weight, x, grad_out = make_values(rowptr, col, 20, 4, 32, torch.bfloat16, gen)
-    rowptr, col = rowptr.cuda(), col.cuda()
-    with pytest.raises(RuntimeError, match=f"{name} must be {expected}, got '{value}'"):
-        if name in ("PYG_MULTIHEAD_AGG_SPLIT_ROWS", "PYG_MULTIHEAD_AGG_TENSOR_CORES",
-                    "PYG_MULTIHEAD_AGG_TC_STAGED"):
-            ops.multihead_spmm(rowptr, col, weight, x)
-        elif name in ("PYG_MULTIHEAD_AGG_SLICE_SCALE", "PYG_MULTIHEAD_AGG_SLICE_DIV"):
-            colptr, row, perm = csr_to_csc(rowptr, col, 20)
-            ops.multihead_spmm_backward_csc(colptr, row, perm, weight, x, grad_out)
-        else:
-            ops.multihead_sddmm(rowptr, col, grad_out, x)
+    with force_kernel_path(tensor_cores=1):
+        gen = torch.Generator().manual_seed(31)
+        num_dst, num_src, num_edges = 43, 30, 600
+        for colptr, row in malformed_graphs(num_src, num_dst, num_edges, gen):
+            colptr, row = colptr.cuda().to(index_dtype), row.cuda().to(index_dtype)
+            bad_perm = torch.randperm(num_edges, generator=gen).cuda().to(index_dtype)
+            bad_perm[::9] = num_edges + 3
+            bad_perm[1::9] = -2
+            for heads, channels in TC_HEADS:
+                weight, x, grad_out = (
+                    torch.randn(shape, generator=gen).to(torch.bfloat16).cuda()
+                    for shape in ((num_edges, heads), (num_src, heads, channels),
+                                  (num_dst, heads, channels)))
+                for inv in (None, torch.arange(num_edges, device="cuda").to(index_dtype)):
+                    ops.multihead_spmm_backward_csc(colptr, row, bad_perm, weight, x, grad_out, inv)
+                ops.multihead_spmm_backward_csc(colptr, row, bad_perm, weight, None, grad_out)
+        torch.cuda.synchronize()
+        rowptr, col = power_law_graph(100, 80, gen, hub_degree=500)
+        weight, x, grad_out = make_values(rowptr, col, 80, 4, 32, torch.bfloat16, gen)
+        ref_gx = reference_grad_x(rowptr, col, weight, grad_out, 80)
+        ref_gw = reference_sddmm(rowptr, col, grad_out, x)
+        rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
+        colptr, row, perm = csr_to_csc(rowptr, col, 80)
+        for w_off, x_off in ((1, 0), (0, 1), (0, 0)):
+            w_flat = torch.empty(weight.numel() + w_off, dtype=weight.dtype, device="cuda")
+            x_flat = torch.empty(x.numel() + x_off, dtype=x.dtype, device="cuda")
+            w = w_flat[w_off:].view(weight.shape).copy_(weight)
+            xx = x_flat[x_off:].view(x.shape).copy_(x)
+            gx, gw = backward_both(colptr, row, perm, w, xx, grad_out, None, 80)
+            what = f"weight offset {w_off}, x offset {x_off}"
+            assert_close(gx, ref_gx, torch.bfloat16, f"grad_x, {what}")
+            assert_close(gw, ref_gw, torch.bfloat16, f"grad_weight, {what}")
+            gx, _ = backward_both(colptr, row, perm, w, None, grad_out, None, 80)
+            assert_close(gx, ref_gx, torch.bfloat16, f"grad_x alone, {what}")
 
 
 @pytest.mark.parametrize("index_dtype", INDICES)
@@ -785,7 +752,7 @@ def malformed_graphs(num_dst, num_src, num_edges, gen):
 
 
 @pytest.mark.parametrize("index_dtype", INDICES)
-def test_malformed_graphs_do_not_fault(index_dtype, monkeypatch):
+def test_malformed_graphs_do_not_fault(index_dtype):
     """No validation in the kernels, but no out-of-bounds access either: the
     CUDA context stays usable and a following valid call is right."""
     gen = torch.Generator().manual_seed(5)
@@ -797,10 +764,9 @@ def test_malformed_graphs_do_not_fault(index_dtype, monkeypatch):
         for rowptr, col in malformed_graphs(num_dst, num_src, num_edges, gen):
             rowptr, col = rowptr.cuda().to(index_dtype), col.cuda().to(index_dtype)
             weight, x, grad_out = make_values(rowptr, col, num_src, H, D, dtype, gen)
-            for split in ("0", "1"):
-                monkeypatch.setenv("PYG_MULTIHEAD_AGG_SPLIT_ROWS", split)
-                ops.multihead_spmm(rowptr, col, weight, x)
-            monkeypatch.delenv("PYG_MULTIHEAD_AGG_SPLIT_ROWS")
+            for split in (0, 1):
+                with force_kernel_path(split_rows=split):
+                    ops.multihead_spmm(rowptr, col, weight, x)
             ops.multihead_sddmm(rowptr, col, grad_out, x)
             ops.multihead_spmm_backward_x_scatter(rowptr, col, weight, grad_out, num_src)
             # A CSC with the same defects: out-of-range rows and perm entries.

@@ -31,6 +31,7 @@ from gat_reference import (
 from torch import Tensor
 
 import pyg_multihead_agg as pma
+from pyg_multihead_agg._testing import KERNEL_PATHS, force_kernel_path
 
 ops = torch.ops.pyg_multihead_agg
 slow = pytest.mark.slow
@@ -495,16 +496,15 @@ def test_non_contiguous_inputs(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("onepass_min", ["0", "12", "1000000"],
+@pytest.mark.parametrize("onepass_min", [0, 12, 1000000],
                          ids=["one_pass", "mixed", "two_pass"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=dtype_id)
-def test_forward_one_and_two_pass_paths(onepass_min, dtype, device, monkeypatch):
-    """The CUDA all-heads forward takes rows longer than
-    PYG_MULTIHEAD_AGG_ONEPASS_MIN entries through one pass (online softmax,
-    base 2 in float32) and shorter ones through two: each choice, with
-    dropout and edge scores, on rows of 0 to ~60 entries, matches the
-    reference. (The CPU kernel ignores the variable.)"""
-    monkeypatch.setenv("PYG_MULTIHEAD_AGG_ONEPASS_MIN", onepass_min)
+def test_forward_one_and_two_pass_paths(onepass_min, dtype, device):
+    """The CUDA all-heads forward takes rows longer than `onepass_min` entries
+    (force_kernel_path) through one pass (online softmax, base 2 in float32)
+    and shorter ones through two: each choice, with dropout and edge scores,
+    on rows of 0 to ~60 entries, matches the reference. (The CPU kernel
+    ignores the setting.)"""
     gen = torch.Generator().manual_seed(9)
     num_src, heads, channels = 50, 4, 32
     deg = torch.randperm(61, generator=gen)  # one row of each length 0..60
@@ -517,18 +517,54 @@ def test_forward_one_and_two_pass_paths(onepass_min, dtype, device, monkeypatch)
     inp = Inputs(rowptr.to(device), col.to(device), rand(num_src, heads), rand(61, heads),
                  rand(num_src, heads, channels), rand(col.numel(), heads))
     for kw in ({}, {"dropout": 0.5, "philox": PHILOX}):
-        out, lse = run_op(inp, **kw)
+        with force_kernel_path(onepass_min=onepass_min):
+            out, lse = run_op(inp, **kw)
         ref_out, ref_lse = run_reference(inp, **kw)
         assert rel_error(out, ref_out) <= TOLERANCE[dtype]
         assert_lse_close(lse, ref_lse, dtype)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_onepass_min_must_be_a_count(monkeypatch):
-    monkeypatch.setenv("PYG_MULTIHEAD_AGG_ONEPASS_MIN", "-3")
-    inp = make_inputs(CASES[0], torch.float32, device="cuda", seed=9)
-    with pytest.raises(RuntimeError, match="PYG_MULTIHEAD_AGG_ONEPASS_MIN"):
-        run_op(inp)
+def test_force_kernel_path_checks_and_restores():
+    """The private test hook (pyg_multihead_agg._testing) rejects unknown
+    paths and out-of-range values with a ValueError before it sets anything,
+    and restores every previous value on exit, also after an exception and
+    in nested blocks; the operator behind it rejects bad values as well. It
+    needs no GPU: every build registers the operator."""
+    set_path = ops._set_kernel_path
+
+    def current(name):  # the value in force, read by setting it back
+        value = set_path(name, -1)
+        set_path(name, value)
+        return value
+
+    assert all(current(name) == -1 for name in KERNEL_PATHS)
+    with pytest.raises(ValueError, match="unknown kernel path 'dot_step'"):
+        with force_kernel_path(transposed=0, dot_step=4):
+            pass
+    for name, bad in (("transposed", 2), ("split_rows", -2), ("onepass_min", -3),
+                      ("slice_len", 0), ("tensor_cores", True), ("tc_staged", "1")):
+        with pytest.raises(ValueError, match=f"{name} must be"):
+            with force_kernel_path(**{name: bad}):
+                pass
+    assert all(current(name) == -1 for name in KERNEL_PATHS)
+    with force_kernel_path(tensor_cores=0, onepass_min=12, slice_len=16):
+        forced = (current("tensor_cores"), current("onepass_min"), current("slice_len"))
+        assert forced == (0, 12, 16)
+        with force_kernel_path(tensor_cores=1, transposed=0):
+            assert (current("tensor_cores"), current("transposed")) == (1, 0)
+            with force_kernel_path(tensor_cores=None):
+                assert current("tensor_cores") == -1
+            assert current("tensor_cores") == 1
+        assert (current("tensor_cores"), current("transposed")) == (0, -1)
+        with pytest.raises(KeyError):
+            with force_kernel_path(split_rows=1):
+                raise KeyError("inside")
+        assert current("split_rows") == -1
+    assert all(current(name) == -1 for name in KERNEL_PATHS)
+    with pytest.raises(RuntimeError, match="unknown kernel path"):
+        set_path("no_such_path", 1)
+    with pytest.raises(RuntimeError, match="split_rows takes -1"):
+        set_path("split_rows", 2)
 
 
 NONFINITE_CASES = [0, 3, 4]  # the all-heads path, the per-head path (D = 33), a hub row
@@ -654,7 +690,7 @@ PERM_INV_CASES = CASES + [(50, 60, 600, 4, 32, False), (20, 15, 200, 40, 2, Fals
 @pytest.mark.parametrize("case", PERM_INV_CASES,
                          ids=[f"{c[0]}x{c[1]}-E{c[2]}-H{c[3]}-D{c[4]}" for c in PERM_INV_CASES])
 def test_backward_perm_inv_same_results(case, dtype, index_dtype, with_edge, dropout, layout,
-                                        device, monkeypatch):
+                                        device):
     """With perm_inv (the inverse of the CSC's perm) the CUDA backward keeps
     the logit gradients by CSC entry and sums them per row through perm_inv:
     every gradient (grad_s_edge, gathered back, included) is bitwise the one
@@ -663,7 +699,6 @@ def test_backward_perm_inv_same_results(case, dtype, index_dtype, with_edge, dro
     per-head path) and both row-sum kernels. The CPU kernel only checks it."""
     if layout == "0" and device == "cpu":
         pytest.skip("the layout flag selects CUDA kernels")
-    monkeypatch.setenv("PYG_MULTIHEAD_AGG_TRANSPOSED", layout)
     inp = make_inputs(case, dtype, index_dtype, device, seed=PERM_INV_CASES.index(case) + 300,
                       with_edge=with_edge, requires_grad=True)
     gen = torch.Generator().manual_seed(17)
@@ -675,12 +710,13 @@ def test_backward_perm_inv_same_results(case, dtype, index_dtype, with_edge, dro
     philox = PHILOX if dropout else None
     got = []
     for inv in (None, perm_inv):
-        out, lse = run_op(inp, dropout=dropout, philox=philox, csc=csc, perm_inv=inv)
-        poison((case[1], case[3], case[4]), dtype, device)
-        # The logit gradients' scratch is not zero-filled: an entry the
-        # backward did not write shows as NaN in grad_s_dst.
-        poison((inp.col.numel(), case[3]), lse_dtype(dtype), device)
-        got.append(torch.autograd.grad((out, lse), inp.floats(), (grad_out, grad_lse)))
+        with force_kernel_path(transposed=int(layout)):
+            out, lse = run_op(inp, dropout=dropout, philox=philox, csc=csc, perm_inv=inv)
+            poison((case[1], case[3], case[4]), dtype, device)
+            # The logit gradients' scratch is not zero-filled: an entry the
+            # backward did not write shows as NaN in grad_s_dst.
+            poison((inp.col.numel(), case[3]), lse_dtype(dtype), device)
+            got.append(torch.autograd.grad((out, lse), inp.floats(), (grad_out, grad_lse)))
     for a, b, name in zip(*got, grad_names(inp), strict=True):
         assert torch.equal(a, b), name
     ref = reference_grads(inp, grad_out, grad_lse, dropout=dropout, philox=philox)
@@ -766,17 +802,17 @@ LAYOUT_CASES = [
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("case", LAYOUT_CASES,
                          ids=[f"H{c[3]}D{c[4]}-E{c[2]}" for c in LAYOUT_CASES])
-def test_both_layouts_cuda(case, dtype, index_dtype, with_edge, dropout, monkeypatch):
+def test_both_layouts_cuda(case, dtype, index_dtype, with_edge, dropout):
     """The all-heads CUDA kernels do an entry's softmax arithmetic either in one
     lane of the head (the forward's second pass, and the backward after a
     transposing butterfly; the default for heads of 4 or 8 lanes) or in every
-    lane (PYG_MULTIHEAD_AGG_TRANSPOSED=0). Both layouts match the float64
+    lane (force_kernel_path(transposed=0)). Both layouts match the float64
     reference. The two forwards agree to rounding: the compiler contracts
     leaky_relu(z) - lse into a fused multiply-add in one and not the other
-    (session 6 measured last-bit differences in float32 and float64). The two
-    backwards, given the same forward, are bitwise equal in grad_x, grad_s_dst
-    and grad_s_edge (the same dot products, weights and sums; grad_s_src is
-    summed in another order)."""
+    (last-bit differences in float32 and float64). The two backwards, given
+    the same forward, are bitwise equal in grad_x, grad_s_dst and grad_s_edge
+    (the same dot products, weights and sums; grad_s_src is summed in another
+    order)."""
     inp = make_inputs(case, dtype, index_dtype, "cuda", seed=LAYOUT_CASES.index(case) + 300,
                       with_edge=with_edge, requires_grad=True)
     gen = torch.Generator().manual_seed(12)
@@ -786,41 +822,54 @@ def test_both_layouts_cuda(case, dtype, index_dtype, with_edge, dropout, monkeyp
     philox = PHILOX if dropout else None
     ref_out, ref_lse = run_reference(inp, dropout=dropout, philox=philox)
     outs = {}
-    for layout in ("0", "1"):
-        monkeypatch.setenv("PYG_MULTIHEAD_AGG_TRANSPOSED", layout)
-        poison((case[0], case[3], case[4]), dtype, "cuda")
-        outs[layout] = run_op(inp, dropout=dropout, philox=philox, csc=csc)
+    for layout in (0, 1):
+        with force_kernel_path(transposed=layout):
+            poison((case[0], case[3], case[4]), dtype, "cuda")
+            outs[layout] = run_op(inp, dropout=dropout, philox=philox, csc=csc)
         assert rel_error(outs[layout][0], ref_out) <= TOLERANCE[dtype], layout
         assert_lse_close(outs[layout][1], ref_lse, dtype)
-    assert rel_error(outs["0"][0], outs["1"][0]) <= TOLERANCE[dtype]
-    assert_lse_close(outs["0"][1], outs["1"][1].cpu(), dtype)
+    assert rel_error(outs[0][0], outs[1][0]) <= TOLERANCE[dtype]
+    assert_lse_close(outs[0][1], outs[1][1].cpu(), dtype)
 
     ref = reference_grads(inp, grad_out, grad_lse, dropout=dropout, philox=philox)
     names = grad_names(inp)
-    out, lse = outs["1"]
+    out, lse = outs[1]
     got = {}
-    for layout in ("0", "1"):
-        monkeypatch.setenv("PYG_MULTIHEAD_AGG_TRANSPOSED", layout)
-        poison((case[1], case[3], case[4]), dtype, "cuda")  # for grad_x
-        grads = torch.autograd.grad((out, lse), inp.floats(), (grad_out, grad_lse),
-                                    retain_graph=True)
+    for layout in (0, 1):
+        with force_kernel_path(transposed=layout):
+            poison((case[1], case[3], case[4]), dtype, "cuda")  # for grad_x
+            grads = torch.autograd.grad((out, lse), inp.floats(), (grad_out, grad_lse),
+                                        retain_graph=True)
         assert_grads_close(grads, ref, dtype, names)
         got[layout] = dict(zip(names, grads, strict=True))
     for name in names:
         if name != "s_src":
-            assert torch.equal(got["0"][name], got["1"][name]), name
+            assert torch.equal(got[0][name], got[1][name]), name
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_transposed_flag_is_checked_cuda(monkeypatch):
-    inp = make_inputs(LAYOUT_CASES[1], torch.float32, device="cuda", seed=9, requires_grad=True)
-    csc = pma.csr_to_csc(inp.rowptr, inp.col, LAYOUT_CASES[1][1])
-    out, lse = run_op(inp, csc=csc)
-    monkeypatch.setenv("PYG_MULTIHEAD_AGG_TRANSPOSED", "yes")
-    for call in (lambda: run_op(inp, csc=csc),  # the forward
-                 lambda: torch.autograd.grad(out.sum(), inp.floats())):  # the backward
-        with pytest.raises(RuntimeError, match="PYG_MULTIHEAD_AGG_TRANSPOSED"):
-            call()
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
+@pytest.mark.parametrize("case", [CASES[4], CASES[12]], ids=[CASE_IDS[4], CASE_IDS[12]])
+def test_backward_forced_short_slices_cuda(case, dtype):
+    """force_kernel_path(slice_len=8): the all-heads backward cuts every CSC
+    column, and the row sums every CSR row, of more than 8 entries into slices
+    of 8 (on graphs this small the heuristic slices nothing under 64 entries):
+    the sources of 60x6 are columns of about 17 slices each, around
+    sum_slices_kernel's block-wide threshold of 16, and the hub row of 8x50 is
+    sliced in the row sums. The gradients match the reference, with perm_inv
+    and without, with dropout and edge scores."""
+    inp = make_inputs(case, dtype, device="cuda", seed=21, requires_grad=True)
+    gen = torch.Generator().manual_seed(5)
+    grad_out = torch.randn(case[0], case[3], case[4], generator=gen).to("cuda", dtype)
+    grad_lse = torch.randn(case[0], case[3], generator=gen).to("cuda", lse_dtype(dtype))
+    csc = pma.csr_to_csc(inp.rowptr, inp.col, case[1])
+    ref = reference_grads(inp, grad_out, grad_lse, dropout=0.5, philox=PHILOX)
+    for perm_inv in (None, pma.invert_perm(csc[2])):
+        out, lse = run_op(inp, dropout=0.5, philox=PHILOX, csc=csc, perm_inv=perm_inv)
+        with force_kernel_path(slice_len=8):
+            poison((case[1], case[3], case[4]), dtype, "cuda")
+            grads = torch.autograd.grad((out, lse), inp.floats(), (grad_out, grad_lse))
+        assert_grads_close(grads, ref, dtype, grad_names(inp))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -1,4 +1,4 @@
-// CPU kernels of the fused GAT attention (docs/fused_attention.md).
+// CPU kernels of the fused GAT attention (docs/gat_attention.md).
 //
 // Forward: destination rows in parallel (at::parallel_for); per row an exact
 // two-pass softmax over the row's edges, all heads of an edge together:

@@ -1,5 +1,5 @@
-// The spmm backward of 2-byte types on the tensor cores (session 17): both
-// gradients from one pass over the CSC, for H * D = 128 (H = 2, 4 or 8).
+// The spmm backward of 2-byte types on the tensor cores: both gradients from
+// one pass over the CSC, for H * D = 128 (H = 2, 4 or 8).
 //
 // Over the CSC (a row r is a source node j, its entries k the edges into the
 // destinations i = idx[k], edge ids perm[k]):
@@ -29,27 +29,15 @@
 // Long rows (a CSC's hubs: the most popular source of products-like has
 // ~460K entries) are cut into slices of a SliceList, any warp taking any
 // slice, whose partial grad_x rows (B's column 0, float32) go to scratch
-// slots, summed in slot order by sum_slices_kernel (deterministic). Summing
-// a hub block-wide, as the forward's tc_run does, bounds the kernel by one
-// block's latency-bound walk over it (session 17, call 1: arxiv-like 0.39 ms
-// against the dot-gather kernel's 0.28, reddit-like 7.1 against 4.3).
+// slots, summed in slot order by sum_slices_kernel (deterministic). Summed
+// block-wide, as the forward's tc_run does, a hub bounds the kernel by one
+// block's latency-bound walk over it (arxiv-like 0.39 ms against the
+// dot-gather kernel's 0.28, reddit-like 7.1 against 4.3).
 #pragma once
 
 #include "tensor_core_gather.cuh"
 
-#ifndef PMA_TC_DOT_MIN_BLOCKS
-#define PMA_TC_DOT_MIN_BLOCKS 2
-#endif
-// Blocks an SM of the grad_x-only kernel (kDots = false): 2 (16 warps,
-// 108-122 registers) measured 2-5% faster than 3 (24 warps at 80 registers
-// and 8-140 bytes of spill; session 18, call 1: bf16 0.164 / 4.91 / 2.46
-// against 0.170 / 5.01 / 2.60 ms on arxiv- / products- / reddit-like).
-#ifndef PMA_TC_GX_MIN_BLOCKS
-#define PMA_TC_GX_MIN_BLOCKS 2
-#endif
-
 namespace pyg_multihead_agg {
-namespace {
 
 template <typename scalar_t, typename index_t>
 struct TcDotParams : TcGatherParams<scalar_t, index_t> {
@@ -64,15 +52,7 @@ struct TcDotParams : TcGatherParams<scalar_t, index_t> {
 };
 
 // 16 grad_out rows (4 KB) and 16 weight rows (at most 16 bytes each) a
-// stage, PMA_TC_DOT_STAGES stages a warp. Three (two chunks in flight a
-// warp, 104 KB of ring a block) measured 1-7% slower than two in session
-// 17's call 3 (bf16 `spmm_bwd_inv` 0.229 / 6.55 / 3.68 ms against 0.217 /
-// 6.46 / 3.43 on arxiv- / products- / reddit-like): the bytes in flight do
-// not bound it.
-#ifndef PMA_TC_DOT_STAGES
-#define PMA_TC_DOT_STAGES 2
-#endif
-constexpr int kTcDotStages = PMA_TC_DOT_STAGES;
+// stage, kTcDotStages (params.cuh) stages a warp.
 static_assert(kTcDotStages == 2 || kTcDotStages == 3, "2 or 3 stages");
 constexpr int kTcRowBytes = 16 * 256;
 constexpr int kTcDotStageBytes = kTcRowBytes + 16 * 16;
@@ -332,12 +312,13 @@ struct TcDotStaged {
   }
 };
 
+namespace {  // internal linkage: each instance is launched by one .cu
 // Phase 1: the slices of the long rows, one a warp, from sl.counters[2]:
 // slot `item`'s entries in B's column 0 (tile row 0: the lanes of g = 0 load
 // the weights), written by the lanes of c = 0 to part[item]. Phase 2: tiles
 // (tc_tiles), from sl.counters[3].
 template <typename scalar_t, typename index_t, int kH, bool kDots>
-__global__ void __launch_bounds__(kThreads, kDots ? PMA_TC_DOT_MIN_BLOCKS : PMA_TC_GX_MIN_BLOCKS)
+__global__ void __launch_bounds__(kThreads, kDots ? kTcDotMinBlocks : kTcGradXMinBlocks)
     tc_dot_gather_kernel(const TcDotParams<scalar_t, index_t> p, const SliceList sl) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using T = TcDotStaged<scalar_t, index_t, kH, kDots>;
@@ -372,6 +353,6 @@ __global__ void __launch_bounds__(kThreads, kDots ? PMA_TC_DOT_MIN_BLOCKS : PMA_
   __trap();  // launched only when built for sm_80 or newer (tc_kernel_built)
 #endif
 }
-
 }  // namespace
+
 }  // namespace pyg_multihead_agg

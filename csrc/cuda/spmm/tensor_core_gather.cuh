@@ -1,4 +1,5 @@
-// The spmm forward of 2-byte types on the tensor cores (session 16).
+// The spmm forward of 2-byte types on the tensor cores, and the mma helpers
+// that the backward's kernel (tensor_core_backward.cuh) shares.
 //
 // out[r] = sum_{e in row r} weight[e, h] * x[col[e], h, :] for H * D = 128
 // features (H = 2, 4 or 8 heads of D = 64, 32 or 16), float16 or bfloat16
@@ -32,12 +33,13 @@
 //   held in flight), and each 16-feature tile's fragments come from there
 //   with one ldmatrix.x4.trans; fragment row g is feature 16t + g, row g + 8
 //   feature 16t + 8 + g. 80 registers (24 warps per SM).
-// Session 16 on the H200 (bf16, 4 x 32, against the register kernels):
-// arxiv-like 0.138 -> 0.129 ms (registers) -> 0.118 ms (staged). The register
-// version moved half the instructions (36.6M against 79.7M) but was bound by
-// the bytes in flight: 8-, 16- and 4-byte gathers (D = 32, 64, 16) ran alike.
-// At D = 16 the staged kernel's 16-byte weight rows spill (0.171 against
-// 0.128 ms on arxiv-like), hence the split by head width.
+// On the H200 (bf16, 4 x 32, arxiv-like) the register kernels take 0.138 ms,
+// the register tensor-core kernel 0.129 and the staged one 0.118: the
+// register version issues half the instructions of the CUDA-core gather but
+// is bound by the bytes in flight (8-, 16- and 4-byte gathers, D = 32, 64 and
+// 16, run alike). At D = 16 the staged kernel's 16-byte weight rows spill
+// (0.171 against 0.128 ms), hence the split by head width
+// (docs/multihead_spmm.md, "Tensor-core paths").
 //
 // Rows longer than the work list's threshold are skipped by their tile and
 // summed first, block-wide: each warp takes a contiguous slice of the row
@@ -64,14 +66,14 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common.cuh"
-
-#ifndef PMA_TC_MIN_BLOCKS
-#define PMA_TC_MIN_BLOCKS 2
-#endif
+#include "../utils/config.cuh"
+#include "../utils/index.cuh"
+#include "../utils/lanes.cuh"
+#include "../utils/vec.cuh"
+#include "../utils/work_list.cuh"
+#include "params.cuh"
 
 namespace pyg_multihead_agg {
-namespace {
 
 template <typename scalar_t, typename index_t>
 struct TcGatherParams {
@@ -83,13 +85,7 @@ struct TcGatherParams {
   int64_t num_rows, num_src, num_edges;
 };
 
-// D (16 x 8, float32) += A (16 x 16) * B (16 x 8), A and B of 2-byte type
-// (the PTX type, bf16 or f16, spliced into the instruction).
-#define PMA_MMA_16816(TYPE)                                                     \
-  asm("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 "          \
-      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"     \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                         \
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+// D (16 x 8, float32) += A (16 x 16) * B (16 x 8), A and B of 2-byte type.
 template <typename scalar_t>
 struct Mma16816 {
   static_assert(std::is_same_v<scalar_t, at::BFloat16> || std::is_same_v<scalar_t, at::Half>,
@@ -99,14 +95,19 @@ struct Mma16816 {
                                              uint32_t b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
-      PMA_MMA_16816("bf16");
+      asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+          "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
     } else {
-      PMA_MMA_16816("f16");
+      asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+          "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
     }
 #endif
   }
 };
-#undef PMA_MMA_16816
 
 // Both kernels hold 8 tiles of 16 features (H * D = 128) x 8 tile rows: per
 // lane, tile t's C fragment acc[t][0..3].
@@ -414,8 +415,9 @@ __device__ __forceinline__ void tc_run(const P& p, const WorkList& wl, float (*r
   tc_tiles<T>(p, &wl.counters[2], wl.long_threshold, scan);
 }
 
+namespace {  // internal linkage: each instance is launched by one .cu
 template <typename scalar_t, typename index_t, int kH>
-__global__ void __launch_bounds__(kThreads, PMA_TC_MIN_BLOCKS)
+__global__ void __launch_bounds__(kThreads, kTcMinBlocks)
     tc_gather_kernel(const TcGatherParams<scalar_t, index_t> p, const WorkList wl) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using T = TcGather<scalar_t, index_t, kH>;
@@ -430,6 +432,7 @@ __global__ void __launch_bounds__(kThreads, PMA_TC_MIN_BLOCKS)
   __trap();  // launched only when built for sm_80 or newer (tc_kernel_built)
 #endif
 }
+}  // namespace
 
 // ---------------------------------------------------------------------------
 // The staged variant: a chunk's 16 gathered rows are copied into a per-warp
@@ -440,13 +443,6 @@ __global__ void __launch_bounds__(kThreads, PMA_TC_MIN_BLOCKS)
 // 8 rows of an 8x8 matrix sit in distinct banks.
 // ---------------------------------------------------------------------------
 
-#ifndef PMA_TC_STAGES
-#define PMA_TC_STAGES 2
-#endif
-#ifndef PMA_TC_STAGED_MIN_BLOCKS
-#define PMA_TC_STAGED_MIN_BLOCKS 3
-#endif
-constexpr int kTcStages = PMA_TC_STAGES;
 static_assert(kTcStages == 2, "the staged scan alternates two stages");
 constexpr int kTcStageBytes = 16 * 256;  // 16 rows of 128 2-byte features
 
@@ -471,23 +467,23 @@ __device__ __forceinline__ void cp_async_wait() {
 // Four 8x8 matrices of 2-byte values from shared memory, lane l giving the
 // address of row l & 7 of matrix l >> 3; register j holds matrix j (kTrans:
 // transposed), lane (g, c) its row g, columns 2c and 2c + 1.
-#define PMA_LDMATRIX_X4(TRANS)                                                        \
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4" TRANS ".shared.b16 {%0, %1, %2, %3}, [%4];\n" \
-               : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)                               \
-               : "r"(addr)                                                            \
-               : "memory")
 template <bool kTrans>
 __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& a0, uint32_t& a1,
                                             uint32_t& a2, uint32_t& a3) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if constexpr (kTrans) {
-    PMA_LDMATRIX_X4(".trans");
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
+                 : "r"(addr)
+                 : "memory");
   } else {
-    PMA_LDMATRIX_X4("");
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
+                 : "r"(addr)
+                 : "memory");
   }
 #endif
 }
-#undef PMA_LDMATRIX_X4
 
 template <typename scalar_t, typename index_t, int kH>
 struct TcStaged {
@@ -620,8 +616,9 @@ struct TcStaged {
   }
 };
 
+namespace {  // internal linkage: each instance is launched by one .cu
 template <typename scalar_t, typename index_t, int kH>
-__global__ void __launch_bounds__(kThreads, PMA_TC_STAGED_MIN_BLOCKS)
+__global__ void __launch_bounds__(kThreads, kTcStagedMinBlocks)
     tc_gather_staged_kernel(const TcGatherParams<scalar_t, index_t> p, const WorkList wl) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using T = TcStaged<scalar_t, index_t, kH>;
@@ -639,18 +636,6 @@ __global__ void __launch_bounds__(kThreads, PMA_TC_STAGED_MIN_BLOCKS)
   __trap();  // launched only when built for sm_80 or newer (tc_kernel_built)
 #endif
 }
-
-// Whether tc_gather_kernel<...> was compiled for sm_80 or newer (mma of
-// 2-byte types): the host never launches it otherwise.
-template <typename Kernel>
-bool tc_kernel_built(Kernel kernel) {
-  cudaFuncAttributes attr{};
-  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return attr.binaryVersion >= 80;
-}
-
 }  // namespace
+
 }  // namespace pyg_multihead_agg

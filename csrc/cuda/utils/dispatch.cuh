@@ -1,7 +1,6 @@
 // Static switches in the style of flash-attention's static_switch.h: each turns
 // a run-time value into a compile-time constant in one readable place, so the
-// kernels in multihead_spmm.cu are written once and specialised without
-// copy-paste. Usage:
+// kernels are written once and specialised without copy-paste. Usage:
 //
 //   FLOAT_SWITCH(x.scalar_type(), "multihead_spmm", [&] {
 //     INDEX_SWITCH(col.scalar_type(), "multihead_spmm", [&] {
@@ -9,9 +8,10 @@
 //     });
 //   });
 //
-// Instantiations multiply, so keep the lists short: 4 value dtypes x 2 index
-// dtypes x {vectorised, scalar} x 3 vectors-per-lane is already the whole
-// budget for a one-minute build of one architecture.
+// Instantiations multiply, so keep the lists short: every kernel instance adds
+// to the build, which users run from source. The value dtypes are split over
+// the .cu files of a kernel (gather_fp16_bf16.cu, gather_fp32_fp64.cu, ...)
+// so that they compile in parallel, each instance once.
 #pragma once
 
 #include <ATen/core/Tensor.h>

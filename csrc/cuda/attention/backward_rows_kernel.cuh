@@ -1,0 +1,352 @@
+// gat_backward_rows_kernel and gat_aux_kernel: the fused attention backward,
+// all heads of a source row per group (the fast path).
+//
+// A group of G lanes owns a whole row of H * D features in 16-byte vectors,
+// VPL per lane (vector v = lane + G * k, as in the spmm kernels); a head spans
+// S = D / V lanes, a power of two that divides G, so the vectors of head h lie
+// in S aligned lanes of one pass k and its dot products are S-lane
+// butterflies. Per CSC entry (i = row[k], e = perm[k]) the group loads the two
+// indices once for all heads, gathers grad_out[i] as one coalesced row, loads
+// one packed (s_dst, lse, delta - grad_lse) per head (RowAux, written by
+// gat_aux_kernel first), and writes grad_z[e, 0:H] as one contiguous store.
+// The per-head kernel (backward_heads_kernel.cuh) loads the indices H times,
+// each head's scores from three arrays, and walks a hub column head by head
+// with one block; here long columns are cut into slices (SliceList) that any
+// group takes, and sum_slices_kernel adds the slices' partial sums in slice
+// order.
+#pragma once
+
+#include <ATen/OpMathType.h>
+
+#include <cstdint>
+#include <limits>
+
+#include "../utils/config.cuh"
+#include "../utils/index.cuh"
+#include "../utils/lanes.cuh"
+#include "../utils/vec.cuh"
+#include "../utils/work_list.cuh"
+#include "head_lanes.cuh"
+#include "params.cuh"
+#include "softmax.cuh"
+
+namespace pyg_multihead_agg {
+
+// What the backward needs of destination row i, head h, in one 16-byte load
+// (two for float64).
+template <typename acc_t>
+struct alignas(4 * sizeof(acc_t)) RowAux {
+  acc_t sd, lse, dl, pad;  // s_dst[i, h], lse[i, h], delta[i, h] - grad_lse[i, h]
+};
+
+template <typename acc_t>
+__device__ __forceinline__ RowAux<acc_t> load_aux(bool pred, const RowAux<acc_t>* p) {
+  // Zeros when !pred, as one predicated load (see load_vec_if).
+  RowAux<acc_t> a;
+  if constexpr (sizeof(acc_t) == 4) {
+    *reinterpret_cast<uint4*>(&a) = RawLoad<16>::load(pred, p);
+  } else {
+    const auto* q = reinterpret_cast<const uint4*>(p);
+    reinterpret_cast<uint4*>(&a)[0] = RawLoad<16>::load(pred, q);
+    reinterpret_cast<uint4*>(&a)[1] = RawLoad<16>::load(pred, q + 1);
+  }
+  return a;
+}
+
+// grad_x (acc) and grad_s_src (gsrc) of source j over its CSC entries
+// [lo, hi), all heads; writes grad_z[e, :] of each entry.
+template <typename scalar_t, typename index_t, int V, int VPL>
+__device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VPL][V],
+                                             at::opmath_type<scalar_t> (&gsrc)[VPL],
+                                             const GatParams<scalar_t, index_t>& p, int64_t j,
+                                             int64_t lo, int64_t hi, const RowLanes<V, VPL>& m,
+                                             int lane, unsigned mask) {
+  using acc_t = at::opmath_type<scalar_t>;
+  // Entries per step: each brings two 16-byte loads per vector (grad_out and
+  // the packed aux), so half the forward's count keeps kLoadsInFlight loads
+  // in flight and the kernel within 128 registers (2 blocks per SM).
+  constexpr int U = kLoadsInFlight / 2 / VPL > 0 ? kLoadsInFlight / 2 / VPL : 1;
+  const auto* aux = static_cast<const RowAux<acc_t>*>(p.aux);
+  const int S = p.S, q = lane & (S - 1);
+  Vec<scalar_t, V> xr[VPL];
+  acc_t ss[VPL];
+#pragma unroll
+  for (int k = 0; k < VPL; ++k) {
+    xr[k] = m.valid[k] ? load_vec<scalar_t, V>(p.x + j * p.HD + m.feat[k])
+                       : zero_vec<scalar_t, V>();
+    ss[k] = m.valid[k] ? load_value(p.s_src + j * p.H + m.head[k]) : acc_t(0);
+    gsrc[k] = 0;
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[k][v] = 0;
+  }
+  // With 32-bit indices, the entries' indices one step ahead: a step's
+  // gathers wait only for indices loaded during the previous step's
+  // arithmetic. (64-bit ones would take 16 more registers: 4 blocks instead
+  // of 5, which measured slower than no prefetch.)
+  constexpr bool kPrefetch = sizeof(index_t) == 4;
+  auto load_indices = [&](int64_t k0, index_t(&ni)[U], index_t(&ne)[U]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const bool inside = k0 + u < hi;
+      ni[u] = load_index_if(inside, p.idx + k0 + u);
+      ne[u] = load_index_if(inside, p.perm + k0 + u);
+    }
+  };
+  index_t i[U], e[U];  // the index type: int32 graphs keep half the registers
+  if constexpr (kPrefetch) load_indices(lo, i, e);
+  for (int64_t k0 = lo; k0 < hi; k0 += U) {
+    if constexpr (!kPrefetch) load_indices(k0, i, e);
+    bool ok[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      ok[u] = k0 + u < hi && in_range(i[u], p.num_gathered) && in_range(e[u], p.num_edges);
+    Vec<scalar_t, V> gv[U][VPL];
+    RowAux<acc_t> ax[U][VPL];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int k = 0; k < VPL; ++k) {
+        const bool use = ok[u] && m.valid[k];
+        gv[u][k] = load_vec_if<scalar_t, V>(
+            use, p.grad_out + static_cast<int64_t>(i[u]) * p.HD + m.feat[k]);
+        ax[u][k] = load_aux(use, aux + static_cast<int64_t>(i[u]) * p.H + m.head[k]);
+      }
+    acc_t se[U][VPL];  // s_edge[e, h], added last as in the forward's z
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int k = 0; k < VPL; ++k)
+        se[u][k] = load_value_if(ok[u] && m.valid[k] && p.s_edge != nullptr,
+                                 p.s_edge + static_cast<int64_t>(e[u]) * p.H + m.head[k]);
+    unsigned keep[VPL];
+    if (p.rng.threshold != 0)
+      draw_keep_bits<U, VPL>(keep, p.rng, p.perm, k0, hi, q, p.log2S, m.head);
+    index_t ni[U], ne[U];
+    if constexpr (kPrefetch) load_indices(k0 + U, ni, ne);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (k0 + u >= hi) break;  // group-uniform: no shuffles for a partial step's padding
+#pragma unroll
+      for (int k = 0; k < VPL; ++k) {
+        const acc_t dot = lanes_sum(vec_dot<scalar_t, V>(gv[u][k], xr[k]), S, mask);
+        const acc_t mk =
+            p.rng.threshold != 0 ? keep_scale(keep[k], u, S, p.log2S, mask, p.scale) : acc_t(1);
+        if (!(ok[u] && m.valid[k])) continue;
+        acc_t z = ss[k] + ax[u][k].sd;
+        z += se[u][k];
+        const acc_t alpha = exp_(leaky(z, p.negative_slope) - ax[u][k].lse);
+        const acc_t w = alpha * mk;
+        axpy_vec(acc[k], w, gv[u][k]);
+        const acc_t gz =
+            alpha * (mk * dot - ax[u][k].dl) * (z > acc_t(0) ? acc_t(1) : p.negative_slope);
+        gsrc[k] += gz;
+        if (q == 0) {
+          const int64_t zi = p.perm_inv != nullptr ? k0 + u : static_cast<int64_t>(e[u]);
+          p.grad_z[zi * p.H + m.head[k]] = gz;
+        }
+      }
+    }
+    if constexpr (kPrefetch) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        i[u] = ni[u];
+        e[u] = ne[u];
+      }
+    }
+  }
+}
+
+// The same pass for one vector per lane and kS = 4 or 8 lanes per head (the
+// common shapes: float32 heads of 16 or 32 channels, bf16/fp16 heads of 32;
+// kS = 8 is float32 only), with the per-entry scalar work done once instead
+// of in all kS lanes of a head. backward_row repeats the softmax arithmetic
+// (exp, leaky_relu, the logit gradient, the grad_z store) in every lane and
+// runs one kS-lane butterfly per entry; ncu measured 152 warp instructions per
+// CSC entry there (reddit-like, float32), bound by issue and latency at 5
+// warps per scheduler. Here a step of U entries reduces its U dot products
+// with one transposing butterfly (7 shuffles instead of 24 for 8 entries over
+// 8 lanes: at each level a lane keeps half the entries and sends the other
+// half), after which lane q of a head holds the whole dot of entry q (and
+// 4 + q when U = 8 and kS = 4). That lane alone loads the entry's row, edge
+// id and aux, computes alpha, the dropout mask and the logit gradient and
+// stores grad_z; the weights go back to the head's lanes with one shuffle per
+// entry. The pairs added are those of lanes_sum, so every dot, alpha, grad_x
+// and grad_z is bitwise the same as in backward_row; grad_s_src is summed per
+// lane and then over the head's lanes.
+template <int kS, typename scalar_t, typename index_t, int V>
+__device__ __forceinline__ void backward_row_transposed(
+    at::opmath_type<scalar_t> (&acc)[1][V], at::opmath_type<scalar_t> (&gsrc)[1],
+    const GatParams<scalar_t, index_t>& p, int64_t j, int64_t lo, int64_t hi,
+    const RowLanes<V, 1>& m, int lane, unsigned mask) {
+  using acc_t = at::opmath_type<scalar_t>;
+  static_assert(kS == 4 || kS == 8, "4 or 8 lanes per head");
+  // Entries per step, and per lane and step: 8 (float32), kS otherwise (an
+  // unpacked half vector or a float64 one takes twice the registers).
+  constexpr int U = sizeof(scalar_t) == 4 ? 8 : kS, kSlots = U / kS;
+  const auto* aux = static_cast<const RowAux<acc_t>*>(p.aux);
+  const int q = lane & (kS - 1);
+  const int head_base = (threadIdx.x & 31) & ~(kS - 1);  // warp lane of the head's lane 0
+  const bool valid = m.valid[0];
+  const int h = m.head[0];
+  const Vec<scalar_t, V> xr = valid ? load_vec<scalar_t, V>(p.x + j * p.HD + m.feat[0])
+                                    : zero_vec<scalar_t, V>();
+  const acc_t ss = valid ? load_value(p.s_src + j * p.H + h) : acc_t(0);
+  acc_t g = 0;
+#pragma unroll
+  for (int v = 0; v < V; ++v) acc[0][v] = 0;
+  // Every index a step needs (StepIndices), one step ahead with 32-bit
+  // indices: the rows of all U entries (for the gathers, in every lane) and
+  // this lane's own entries' row and edge id (for its aux and grad_z).
+  // Offsets from lo in the index's width, 32-bit compares and row addresses
+  // by row_at (utils/index.cuh).
+  const int HD = p.HD, H = p.H;
+  const IndexBound<index_t> gathered_ok(p.num_gathered), edge_ok(p.num_edges);
+  using off_t = EntryOffset<index_t>;
+  using Step = StepIndices<U, kS, true, index_t>;
+  const off_t n = static_cast<off_t>(hi - lo);
+  auto load_idx = [&](off_t k0, Step& s_) {  // the CSC's perm is always given here
+    s_.template load<true>(p.idx, p.perm, lo, k0, n, q);
+  };
+  constexpr bool kPrefetch = sizeof(index_t) == 4;
+  Step cur;
+  if constexpr (kPrefetch) load_idx(0, cur);
+  for (off_t k0 = 0; k0 < n; k0 += U) {
+    const off_t left = n - k0;  // > 0; the step's entries u < left are the row's
+    if constexpr (!kPrefetch) load_idx(k0, cur);
+    Vec<scalar_t, V> gv[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      gv[u] = load_vec_if<scalar_t, V>(valid && u < left && gathered_ok(cur.i[u]),
+                                      row_at(p.grad_out, cur.i[u], HD) + m.feat[0]);
+    bool ok[kSlots];
+    RowAux<acc_t> ax[kSlots];
+    acc_t se[kSlots];
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      ok[s] = valid && s * kS + q < left && gathered_ok(cur.iq[s]) && edge_ok(cur.eq[s]);
+      ax[s] = load_aux(ok[s], row_at(aux, cur.iq[s], H) + h);
+      se[s] = load_value_if(ok[s] && p.s_edge != nullptr, row_at(p.s_edge, cur.eq[s], H) + h);
+    }
+    Step next;
+    if constexpr (kPrefetch) load_idx(k0 + U, next);
+    acc_t d[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) d[u] = vec_dot<scalar_t, V>(gv[u], xr);
+    if constexpr (kS == 8) transpose_round<4, kS>(d, q, mask);
+    transpose_round<2, kS>(d, q, mask);
+    transpose_round<1, kS>(d, q, mask);
+    // Slot s * kS now holds the whole dot of this lane's entry s * kS + q.
+    acc_t w[kSlots];
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      acc_t mk = 1;
+      if (p.rng.threshold != 0)  // group-uniform
+        mk = ok[s] && p.rng.keep(static_cast<int64_t>(cur.eq[s]), h) ? p.scale : acc_t(0);
+      acc_t z = ss + ax[s].sd;
+      z += se[s];
+      const acc_t alpha = exp_(leaky(z, p.negative_slope) - ax[s].lse);
+      w[s] = ok[s] ? alpha * mk : acc_t(0);
+      const acc_t gz = alpha * (mk * d[s * kS] - ax[s].dl) *
+                       (z > acc_t(0) ? acc_t(1) : p.negative_slope);
+      if (ok[s]) {
+        g += gz;
+        const int64_t zi = p.perm_inv != nullptr ? lo + k0 + s * kS + q
+                                                 : static_cast<int64_t>(cur.eq[s]);
+        p.grad_z[zi * H + h] = gz;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const acc_t wu = __shfl_sync(mask, w[u / kS], head_base + (u % kS));
+      axpy_vec(acc[0], wu, gv[u]);
+    }
+    if constexpr (kPrefetch) cur = next;
+  }
+  gsrc[0] = lanes_sum(g, kS, mask);
+}
+
+namespace {  // internal linkage: each instance is launched by one .cu
+// kS = 4 or 8: backward_row_transposed for heads of kS lanes (VPL = 1); kS =
+// 0: backward_row.
+template <typename scalar_t, typename index_t, int V, int VPL, int kS>
+__global__ void __launch_bounds__(kBackwardThreads, backward_min_blocks<scalar_t, VPL, kS>())
+    gat_backward_rows_kernel(const GatParams<scalar_t, index_t> p, const SliceList sl) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int G = p.G, lane = threadIdx.x & (G - 1);
+  const unsigned mask = group_mask(G);
+  const RowLanes<V, VPL> m(lane, G, p.log2S, p.H);
+  const bool leader = (lane & (p.S - 1)) == 0;
+  // One pass over the entries [lo, hi) of column j.
+  auto pass = [&](acc_t(&acc)[VPL][V], acc_t(&gsrc)[VPL], int64_t j, int64_t lo, int64_t hi) {
+    if constexpr (kS != 0) {
+      static_assert(VPL == 1, "one vector per lane");
+      backward_row_transposed<kS>(acc, gsrc, p, j, lo, hi, m, lane, mask);
+    } else {
+      backward_row(acc, gsrc, p, j, lo, hi, m, lane, mask);
+    }
+  };
+  auto slice = [&](int64_t slot, int64_t j, int64_t lo, int64_t hi) {
+    acc_t acc[VPL][V], gsrc[VPL];
+    pass(acc, gsrc, j, lo, hi);
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      if (!m.valid[k]) continue;
+      store_vec<acc_t, V>(p.part_x + slot * p.HD + m.feat[k], acc[k]);
+      if (leader) p.part_src[slot * p.H + m.head[k]] = gsrc[k];
+    }
+  };
+  auto row = [&](int64_t j, int64_t lo, int64_t hi) {
+    acc_t acc[VPL][V], gsrc[VPL];
+    pass(acc, gsrc, j, lo, hi);
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      if (!m.valid[k]) continue;
+      store_vec<scalar_t, V>(p.out + j * p.HD + m.feat[k], acc[k]);
+      if (leader) p.grad_s_src[j * p.H + m.head[k]] = static_cast<scalar_t>(gsrc[k]);
+    }
+  };
+  for_each_slice_or_row(p.ptr, p.num_edges, sl, G, slice, row);
+}
+}  // namespace
+
+namespace {  // internal linkage: each instance is launched by one .cu
+// aux[i, h] = (s_dst, lse, delta - grad_lse) with delta[i, h] = <grad_out[i, h],
+// out[i, h] - bias[h]>, one group per destination row, in the lane layout of
+// gat_backward_rows_kernel (vec_dot, then lanes_sum; without a bias the
+// subtracted vector is zero, so a single-edge row's delta is still its dot
+// bit for bit).
+template <typename scalar_t, typename index_t, int V, int VPL>
+__global__ void __launch_bounds__(kThreads)
+    gat_aux_kernel(const GatParams<scalar_t, index_t> p, const scalar_t* __restrict__ out,
+                   RowAux<at::opmath_type<scalar_t>>* __restrict__ aux) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int G = p.G, lane = threadIdx.x & (G - 1);
+  const unsigned mask = group_mask(G);
+  const RowLanes<V, VPL> m(lane, G, p.log2S, p.H);
+  const bool leader = (lane & (p.S - 1)) == 0;
+  const int64_t groups = static_cast<int64_t>(gridDim.x) * (kThreads / G);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads / G) + threadIdx.x / G;
+       i < p.num_gathered; i += groups) {  // the bound is group-uniform
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      const int64_t offset = i * p.HD + m.feat[k];
+      const auto g = m.valid[k] ? load_vec<scalar_t, V>(p.grad_out + offset)
+                                : zero_vec<scalar_t, V>();
+      const auto o = m.valid[k] ? load_vec<scalar_t, V>(out + offset) : zero_vec<scalar_t, V>();
+      const auto b = load_vec_if<scalar_t, V>(m.valid[k] && p.bias != nullptr, p.bias + m.feat[k]);
+      const acc_t d = lanes_sum(vec_dot<scalar_t, V>(g, o, &b), p.S, mask);
+      if (leader && m.valid[k]) {
+        const int64_t ih = i * p.H + m.head[k];
+        RowAux<acc_t> a;
+        a.sd = load_value(p.s_dst + ih);
+        a.lse = p.lse_in[ih];
+        a.dl = d - (p.grad_lse != nullptr ? p.grad_lse[ih] : acc_t(0));
+        a.pad = 0;
+        aux[ih] = a;
+      }
+    }
+  }
+}
+}  // namespace
+
+}  // namespace pyg_multihead_agg

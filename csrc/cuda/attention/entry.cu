@@ -1,0 +1,246 @@
+// The fused GAT attention's CUDA entry points: input checks, the choice
+// between the all-heads kernels (fast path) and the per-head ones (other
+// shapes), and the CUDA IMPL block. The kernels and their launchers are in the
+// other files of this folder (launchers.cuh lists them); docs/gat_attention.md
+// describes the design.
+//
+// Both kernel families make one pass per destination row with the attention
+// recomputed, never stored: the forward keeps only lse, the backward walks the
+// CSC with alpha recomputed from lse and the dropout masks redrawn from
+// Philox. Malformed graphs never fault (row ranges are clamped, out-of-range
+// indices skipped).
+#include <ATen/OpMathType.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <climits>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <tuple>
+
+#include "../../checks.h"
+#include "../../philox.h"
+#include "../utils/config.cuh"
+#include "../utils/dispatch.cuh"
+#include "../utils/gather_rows.cuh"
+#include "heuristics.cuh"
+#include "launchers.cuh"
+#include "params.cuh"
+
+namespace pyg_multihead_agg {
+namespace {
+
+template <typename scalar_t, typename index_t>
+void launch_gat_forward(const GatParams<scalar_t, index_t>& p, const at::TensorOptions& options) {
+  const bool aligned = is_aligned(p.x, 16) && is_aligned(p.out, 16);
+  const auto rc = row_config<scalar_t>(p.H, p.D, aligned);
+  if (rc.ok) {
+    launch_gat_forward_rows(p, rc, options);
+  } else {
+    launch_gat_forward_heads(p, head_config<scalar_t>(p.D, aligned), options);
+  }
+}
+
+// The CSC pass (grad_x, grad_s_src, grad_z), then the row sums (grad_s_dst).
+template <typename scalar_t, typename index_t>
+void launch_gat_backward(const GatParams<scalar_t, index_t>& p, const scalar_t* out,
+                         scalar_t* grad_dst, const index_t* rowptr,
+                         const at::TensorOptions& options) {
+  constexpr int kVec = vec_width<scalar_t>();
+  const bool aligned = is_aligned(p.x, 16) && is_aligned(p.out, 16) &&
+                       is_aligned(p.grad_out, 16) && is_aligned(out, 16);
+  const auto rc = row_config<scalar_t>(p.H, p.D, aligned);
+  if (rc.ok) {
+    launch_gat_backward_rows(p, out, rc, options);
+  } else {
+    const auto c = head_config<scalar_t>(p.D, aligned);
+    TORCH_CHECK(c.num_chunks <= 1, "gat_attention_backward: the CUDA kernel supports heads of "
+                "at most ", 32 * kMaxVPL * (c.vectorised ? kVec : 1),
+                " channels for this dtype, got ", p.D);
+    launch_gat_backward_heads(p, out, c, options);
+  }
+  launch_gat_row_sums(p, grad_dst, rowptr, options);
+}
+
+DropoutRng make_rng(double dropout_p, const std::optional<at::Tensor>& philox) {
+  DropoutRng rng;
+  rng.threshold = dropout_threshold(dropout_p);
+  if (rng.threshold != 0) {
+    const auto key = philox->contiguous();
+    rng.seed = static_cast<uint64_t>(key.data_ptr<int64_t>()[0]);
+    rng.offset = static_cast<uint64_t>(key.data_ptr<int64_t>()[1]);
+  }
+  return rng;
+}
+
+template <typename acc_t>
+acc_t dropout_scale(double p) {
+  return p >= 1.0 ? acc_t(0) : static_cast<acc_t>(1.0 / (1.0 - p));
+}
+
+std::tuple<at::Tensor, at::Tensor> gat_attention_cuda(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& s_src,
+    const at::Tensor& s_dst, const std::optional<at::Tensor>& s_edge, const at::Tensor& x,
+    double negative_slope, double dropout_p, const std::optional<at::Tensor>& philox,
+    const std::optional<at::Tensor>& /*colptr*/, const std::optional<at::Tensor>& /*row*/,
+    const std::optional<at::Tensor>& /*perm*/, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& /*perm_inv*/) {
+  const auto s =
+      check_gat_attention(rowptr, col, s_src, s_dst, s_edge, x, dropout_p, philox, bias);
+  TORCH_CHECK(x.is_cuda(), "x must be a CUDA tensor for the CUDA kernel");
+  const c10::cuda::CUDAGuard guard(x.device());
+  TORCH_CHECK(s.H * s.D <= INT_MAX, "heads * channels must be below 2^31");
+  const auto lse_dtype = at::toOpMathType(x.scalar_type());
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (s.N_dst == 0 || s.H == 0 || s.E == 0) {
+    auto out = at::zeros({s.N_dst, s.H, s.D}, x.options());
+    if (has_bias) out.add_(*bias);
+    return {out, at::full({s.N_dst, s.H}, -std::numeric_limits<double>::infinity(),
+                          x.options().dtype(lse_dtype))};
+  }
+  // Every row is written by the kernel (rows without edges get zeros, -inf).
+  auto out = at::empty({s.N_dst, s.H, s.D}, x.options());
+  auto lse = at::empty({s.N_dst, s.H}, x.options().dtype(lse_dtype));
+  const auto rowptr_c = rowptr.contiguous(), col_c = col.contiguous();
+  const auto src_c = s_src.contiguous(), dst_c = s_dst.contiguous(), x_c = x.contiguous();
+  const bool has_edge = s_edge.has_value() && s_edge->defined();
+  const auto edge_c = has_edge ? s_edge->contiguous() : at::Tensor();
+  FLOAT_SWITCH(x.scalar_type(), "gat_attention", [&] {
+    INDEX_SWITCH(rowptr.scalar_type(), "gat_attention", [&] {
+      using acc_t = at::opmath_type<scalar_t>;
+      GatParams<scalar_t, index_t> p{};
+      p.ptr = rowptr_c.data_ptr<index_t>();
+      p.idx = col_c.data_ptr<index_t>();
+      p.s_src = src_c.data_ptr<scalar_t>();
+      p.s_dst = dst_c.data_ptr<scalar_t>();
+      p.s_edge = has_edge ? edge_c.data_ptr<scalar_t>() : nullptr;
+      p.x = x_c.data_ptr<scalar_t>();
+      p.out = out.data_ptr<scalar_t>();
+      p.lse_out = lse.data_ptr<acc_t>();
+      p.num_rows = s.N_dst;
+      p.num_gathered = s.N_src;
+      p.num_edges = s.E;
+      p.H = static_cast<int>(s.H);
+      p.D = static_cast<int>(s.D);
+      p.HD = static_cast<int>(s.H * s.D);
+      p.negative_slope = static_cast<acc_t>(negative_slope);
+      p.scale = dropout_scale<acc_t>(dropout_p);
+      p.rng = make_rng(dropout_p, philox);
+      launch_gat_forward(p, rowptr.options());
+    });
+  });
+  // The bias: one in-place elementwise pass over out (the kernels' long rows
+  // store through block_reduce_store, shared with multihead_spmm). No second
+  // [N_dst, H, D] tensor; NaN rows stay NaN, rows without edges get bias.
+  if (has_bias) out.add_(*bias);
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backward_cuda(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
+    const at::Tensor& row, const at::Tensor& perm, const at::Tensor& s_src,
+    const at::Tensor& s_dst, const std::optional<at::Tensor>& s_edge, const at::Tensor& x,
+    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out,
+    const std::optional<at::Tensor>& grad_lse, double negative_slope, double dropout_p,
+    const std::optional<at::Tensor>& philox, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& perm_inv) {
+  const auto s = check_gat_attention_backward(rowptr, col, colptr, row, perm, s_src, s_dst,
+                                              s_edge, x, out, lse, grad_out, grad_lse, dropout_p,
+                                              philox, bias, perm_inv);
+  TORCH_CHECK(x.is_cuda(), "x must be a CUDA tensor for the CUDA kernel");
+  const c10::cuda::CUDAGuard guard(x.device());
+  const bool has_edge = s_edge.has_value() && s_edge->defined();
+  const auto acc_dtype = at::toOpMathType(x.scalar_type());
+  if (s.E == 0 || s.H == 0 || s.N_dst == 0 || s.N_src == 0) {
+    return {at::zeros({s.N_src, s.H, s.D}, x.options()), at::zeros({s.N_src, s.H}, x.options()),
+            at::zeros({s.N_dst, s.H}, x.options()),
+            at::zeros({has_edge ? s.E : 0, s.H}, x.options())};
+  }
+  // The kernels write every source's and every row's gradient, and every
+  // entry of grad_z when the CSC is valid, so grad_z is not zero-filled (an
+  // [E, H] float32 memset, 0.2-0.3 ms on reddit- and products-like; a
+  // malformed CSC leaves it, and so the gradients, meaningless, as the CUDA
+  // kernels' other outputs: docs/robustness.md). With perm_inv, grad_z is
+  // indexed by CSC entry: written in the order the kernel walks the CSC (runs
+  // of consecutive entries) instead of at random edge ids, whose 16-byte
+  // pieces of 32-byte sectors cost 2.3-2.9 ms of the backward on products-
+  // and reddit-like, and read back through perm_inv by the row sums.
+  const bool has_inv = perm_inv.has_value() && perm_inv->defined();
+  const auto inv_c = has_inv ? perm_inv->contiguous() : at::Tensor();
+  auto grad_x = at::empty({s.N_src, s.H, s.D}, x.options());
+  auto grad_src = at::empty({s.N_src, s.H}, x.options());
+  auto grad_dst = at::empty({s.N_dst, s.H}, x.options());
+  auto grad_z = at::empty({s.E, s.H}, x.options().dtype(acc_dtype));
+  const auto go = grad_out.contiguous(), out_c = out.contiguous();
+  const auto lse_c = lse.contiguous();
+  const bool has_glse = grad_lse.has_value() && grad_lse->defined();
+  const auto glse_c = has_glse ? grad_lse->contiguous() : at::Tensor();
+  const auto rowptr_c = rowptr.contiguous(), colptr_c = colptr.contiguous();
+  const auto row_c = row.contiguous(), perm_c = perm.contiguous();
+  const auto src_c = s_src.contiguous(), dst_c = s_dst.contiguous(), x_c = x.contiguous();
+  const auto edge_c = has_edge ? s_edge->contiguous() : at::Tensor();
+  // The bias, contiguous and 16-byte aligned for the delta kernels' vector
+  // loads (a copy of [H, D] elements when it is not).
+  at::Tensor bias_c;
+  if (bias.has_value() && bias->defined()) {
+    bias_c = bias->contiguous();
+    if (!is_aligned(bias_c.data_ptr(), 16)) bias_c = bias_c.clone();
+  }
+  FLOAT_SWITCH(x.scalar_type(), "gat_attention_backward", [&] {
+    INDEX_SWITCH(rowptr.scalar_type(), "gat_attention_backward", [&] {
+      using acc_t = at::opmath_type<scalar_t>;
+      GatParams<scalar_t, index_t> p{};
+      p.ptr = colptr_c.data_ptr<index_t>();
+      p.idx = row_c.data_ptr<index_t>();
+      p.perm = perm_c.data_ptr<index_t>();
+      p.perm_inv = has_inv ? inv_c.data_ptr<index_t>() : nullptr;
+      p.s_src = src_c.data_ptr<scalar_t>();
+      p.s_dst = dst_c.data_ptr<scalar_t>();
+      p.s_edge = has_edge ? edge_c.data_ptr<scalar_t>() : nullptr;
+      p.x = x_c.data_ptr<scalar_t>();
+      p.grad_out = go.data_ptr<scalar_t>();
+      p.lse_in = lse_c.data_ptr<acc_t>();
+      p.grad_lse = has_glse ? glse_c.data_ptr<acc_t>() : nullptr;
+      p.bias = bias_c.defined() ? bias_c.data_ptr<scalar_t>() : nullptr;
+      p.out = grad_x.data_ptr<scalar_t>();
+      p.grad_s_src = grad_src.data_ptr<scalar_t>();
+      p.grad_z = grad_z.data_ptr<acc_t>();
+      p.num_rows = s.N_src;
+      p.num_gathered = s.N_dst;
+      p.num_edges = s.E;
+      p.H = static_cast<int>(s.H);
+      p.D = static_cast<int>(s.D);
+      p.HD = static_cast<int>(s.H * s.D);
+      p.negative_slope = static_cast<acc_t>(negative_slope);
+      p.scale = dropout_scale<acc_t>(dropout_p);
+      p.rng = make_rng(dropout_p, philox);
+      launch_gat_backward(p, out_c.data_ptr<scalar_t>(), grad_dst.data_ptr<scalar_t>(),
+                          rowptr_c.data_ptr<index_t>(), colptr.options());
+    });
+  });
+  // grad_s_edge by edge id: grad_z gathered through perm_inv (an
+  // out-of-range entry of a malformed perm_inv gives 0, reads nothing).
+  if (has_edge && has_inv) {
+    auto by_edge = at::empty({s.E, s.H}, grad_z.options());
+    INDEX_SWITCH(perm_inv->scalar_type(), "gat_attention_backward", [&] {
+      launch_gather_rows<index_t>(grad_z, inv_c, by_edge);
+    });
+    grad_z = by_edge;
+  }
+  auto grad_edge = has_edge ? grad_z.to(x.scalar_type()) : at::empty({0, s.H}, x.options());
+  return {grad_x, grad_src, grad_dst, grad_edge};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(pyg_multihead_agg, CUDA, m) {
+  m.impl("gat_attention", &gat_attention_cuda);
+  m.impl("gat_attention_backward", &gat_attention_backward_cuda);
+}
+
+}  // namespace pyg_multihead_agg

@@ -1,0 +1,21 @@
+// launch_gat_forward_rows and its gat_forward_rows_kernel instances for
+// float16 and bfloat16.
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cstdint>
+
+#include "forward_rows_launch.cuh"
+
+namespace pyg_multihead_agg {
+
+#define INSTANTIATE(scalar_t, index_t) \
+  template void launch_gat_forward_rows<scalar_t, index_t>( \
+      GatParams<scalar_t, index_t>, const RowConfig&, const at::TensorOptions&);
+INSTANTIATE(at::Half, int32_t)
+INSTANTIATE(at::Half, int64_t)
+INSTANTIATE(at::BFloat16, int32_t)
+INSTANTIATE(at::BFloat16, int64_t)
+#undef INSTANTIATE
+
+}  // namespace pyg_multihead_agg

@@ -1,0 +1,18 @@
+// launch_gat_forward_rows and its gat_forward_rows_kernel instances for
+// float32 and float64.
+#include <cstdint>
+
+#include "forward_rows_launch.cuh"
+
+namespace pyg_multihead_agg {
+
+#define INSTANTIATE(scalar_t, index_t) \
+  template void launch_gat_forward_rows<scalar_t, index_t>( \
+      GatParams<scalar_t, index_t>, const RowConfig&, const at::TensorOptions&);
+INSTANTIATE(float, int32_t)
+INSTANTIATE(float, int64_t)
+INSTANTIATE(double, int32_t)
+INSTANTIATE(double, int64_t)
+#undef INSTANTIATE
+
+}  // namespace pyg_multihead_agg

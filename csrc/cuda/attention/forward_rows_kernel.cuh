@@ -1,0 +1,389 @@
+// gat_forward_rows_kernel: the fused attention forward, all heads of a
+// destination row per group (the fast path).
+//
+// The lane layout of gat_backward_rows_kernel: a group owns the row's H * D
+// features, S lanes per head. Two ways through a row, chosen per row:
+//
+// * Short rows of at most `onepass_min` entries (by default every short row,
+//   see gat_onepass_min() in heuristics.cuh) make two passes: pass 1, the S
+//   lanes of each head striding over the row's entries (q, q + S, ...) for
+//   the exact maximum and sum of exp, merged by an S-lane butterfly; pass 2,
+//   U entries per step, their col loaded once for all heads and x[j] gathered
+//   as one coalesced row, weighted by exp(l - lse).
+// * Longer short rows and the block-wide long rows make one pass with an online
+//   softmax: each step loads U cols, then x[j] and s_src[j] together; each
+//   lane keeps its heads' running maximum, the sum of exp(l - max) before
+//   dropout and the accumulated exp(l - max) * mask * x[j], rescaled when the
+//   maximum grows. The S lanes of a head see the same scores, so their states
+//   agree without shuffles. float32 works in base 2 (logits scaled by log2 e,
+//   exp2f: one MUFU.EX2 instead of expf's range reduction).
+#pragma once
+
+#include <ATen/OpMathType.h>
+
+#include <cstdint>
+#include <limits>
+
+#include "../utils/config.cuh"
+#include "../utils/index.cuh"
+#include "../utils/lanes.cuh"
+#include "../utils/vec.cuh"
+#include "../utils/work_list.cuh"
+#include "head_lanes.cuh"
+#include "params.cuh"
+#include "softmax.cuh"
+
+namespace pyg_multihead_agg {
+
+template <typename scalar_t, typename index_t, int V, int VPL>
+__device__ __forceinline__ void row_stats_heads(const GatParams<scalar_t, index_t>& p,
+                                                int64_t lo, int64_t hi, int q,
+                                                const RowLanes<V, VPL>& m,
+                                                const at::opmath_type<scalar_t> (&sd)[VPL],
+                                                at::opmath_type<scalar_t> (&mx)[VPL],
+                                                at::opmath_type<scalar_t> (&sum)[VPL]) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr int kU = 4;
+  const int S = p.S;
+#pragma unroll
+  for (int k = 0; k < VPL; ++k) {
+    mx[k] = -std::numeric_limits<acc_t>::infinity();
+    sum[k] = 0;
+  }
+  for (int64_t e0 = lo + q; e0 < hi; e0 += static_cast<int64_t>(kU) * S) {
+    // In phases, each free of branches: the kU indices, then their scores,
+    // then the arithmetic (two round trips of latency per step).
+    index_t j[kU];
+    bool ok[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) j[u] = load_index_if(e0 + u * S < hi, p.idx + e0 + u * S);
+    acc_t ssrc[kU][VPL], sedge[kU][VPL];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t e = e0 + static_cast<int64_t>(u) * S;
+      ok[u] = e < hi && in_range(j[u], p.num_gathered);
+#pragma unroll
+      for (int k = 0; k < VPL; ++k) {
+        const bool use = ok[u] && m.valid[k];
+        ssrc[u][k] = load_value_if(use, p.s_src + static_cast<int64_t>(j[u]) * p.H + m.head[k]);
+        sedge[u][k] = load_value_if(use && p.s_edge != nullptr, p.s_edge + e * p.H + m.head[k]);
+      }
+    }
+    acc_t l[kU][VPL];
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+#pragma unroll
+      for (int k = 0; k < VPL; ++k) {
+        acc_t z = ok[u] && m.valid[k] ? ssrc[u][k] + sd[k] : acc_t(0);
+        z += sedge[u][k];
+        l[u][k] = leaky(z, p.negative_slope);
+      }
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+#pragma unroll
+      for (int k = 0; k < VPL; ++k)
+        if (ok[u]) merge_stats(mx[k], sum[k], l[u][k], acc_t(1));
+  }
+}
+
+// One step's loads for this lane's heads, shared by both forward paths:
+// entries e0..e0+U-1 (none past hi or out of range: ok[u] false), their x
+// vectors and logits z = s_src + s_dst + s_edge before leaky_relu (0 for
+// those entries and for padding vectors; + 0 without edge scores), stored as
+// out[u][k] = finish(use, z). Every load is predicated, with no branch in
+// between (see load_vec_if).
+template <int U, typename scalar_t, typename index_t, int V, int VPL, typename Finish>
+__device__ __forceinline__ void load_attend_step(bool (&ok)[U], Vec<scalar_t, V> (&xv)[U][VPL],
+                                                 at::opmath_type<scalar_t> (&out)[U][VPL],
+                                                 const GatParams<scalar_t, index_t>& p,
+                                                 int64_t e0, int64_t hi,
+                                                 const RowLanes<V, VPL>& m,
+                                                 const at::opmath_type<scalar_t> (&sd)[VPL],
+                                                 Finish&& finish) {
+  using acc_t = at::opmath_type<scalar_t>;
+  index_t j[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const bool inside = e0 + u < hi;
+    j[u] = load_index_if(inside, p.idx + e0 + u);
+    ok[u] = inside && in_range(j[u], p.num_gathered);
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      const bool use = ok[u] && m.valid[k];
+      xv[u][k] =
+          load_vec_if<scalar_t, V>(use, p.x + static_cast<int64_t>(j[u]) * p.HD + m.feat[k]);
+      const acc_t ssrc =
+          load_value_if(use, p.s_src + static_cast<int64_t>(j[u]) * p.H + m.head[k]);
+      acc_t z = use ? ssrc + sd[k] : acc_t(0);
+      z += load_value_if(use && p.s_edge != nullptr, p.s_edge + (e0 + u) * p.H + m.head[k]);
+      out[u][k] = finish(use, z);
+    }
+}
+
+// Pass 2 for this lane's heads over entries [lo, hi):
+// acc = sum_e exp(l[e] - lse) * mask[e] * x[col[e], h].
+template <typename scalar_t, typename index_t, int V, int VPL>
+__device__ __forceinline__ void attend_heads(at::opmath_type<scalar_t> (&acc)[VPL][V],
+                                             const GatParams<scalar_t, index_t>& p, int64_t lo,
+                                             int64_t hi, int q, unsigned mask,
+                                             const RowLanes<V, VPL>& m,
+                                             const at::opmath_type<scalar_t> (&sd)[VPL],
+                                             const at::opmath_type<scalar_t> (&lse)[VPL]) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr int U = kLoadsInFlight / VPL;
+#pragma unroll
+  for (int k = 0; k < VPL; ++k)
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[k][v] = 0;
+  for (int64_t e0 = lo; e0 < hi; e0 += U) {
+    bool ok[U];
+    Vec<scalar_t, V> xv[U][VPL];
+    acc_t z[U][VPL];
+    load_attend_step<U>(ok, xv, z, p, e0, hi, m, sd, [](bool, acc_t zk) { return zk; });
+    unsigned keep[VPL];
+    if (p.rng.threshold != 0)
+      draw_keep_bits<U, VPL, index_t>(keep, p.rng, nullptr, e0, hi, q, p.log2S, m.head);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (e0 + u >= hi) break;  // group-uniform
+#pragma unroll
+      for (int k = 0; k < VPL; ++k) {
+        const acc_t mk = p.rng.threshold != 0
+                             ? keep_scale(keep[k], u, p.S, p.log2S, mask, p.scale)
+                             : acc_t(1);
+        if (!(ok[u] && m.valid[k])) continue;
+        const acc_t w = exp_(leaky(z[u][k], p.negative_slope) - lse[k]) * mk;
+        axpy_vec(acc[k], w, xv[u][k]);
+      }
+    }
+  }
+}
+
+// attend_heads for one vector per lane and heads of kS = 4 or 8 lanes, with
+// each entry's scalar work done once instead of in all kS lanes of its head
+// (as backward_row_transposed): lane q of a head loads the row and s_src (and
+// s_edge) of entry q (and q + 4 when kS = 4) of a step of 8, computes its
+// weight exp(l - lse) * mask, and the weights go back to the head's lanes
+// with one shuffle per entry. The same expressions in the same order, so out
+// is bitwise that of attend_heads (with the work in every lane, the float32
+// forward issued 86 warp instructions per entry on reddit-like).
+template <int kS, typename scalar_t, typename index_t, int V>
+__device__ __forceinline__ void attend_heads_transposed(
+    at::opmath_type<scalar_t> (&acc)[1][V], const GatParams<scalar_t, index_t>& p, int64_t lo,
+    int64_t hi, int q, unsigned mask, const RowLanes<V, 1>& m,
+    const at::opmath_type<scalar_t> (&sd)[1], const at::opmath_type<scalar_t> (&lse)[1]) {
+  using acc_t = at::opmath_type<scalar_t>;
+  static_assert(kS == 4 || kS == 8, "4 or 8 lanes per head");
+  constexpr int U = 8, kSlots = U / kS;
+  const int head_base = (threadIdx.x & 31) & ~(kS - 1);  // warp lane of the head's lane 0
+  const bool valid = m.valid[0];
+  const int h = m.head[0];
+#pragma unroll
+  for (int v = 0; v < V; ++v) acc[0][v] = 0;
+  // Offsets from lo in the index's width, 32-bit compares and row
+  // addresses by row_at (utils/index.cuh).
+  const int HD = p.HD, H = p.H;
+  const IndexBound<index_t> gathered_ok(p.num_gathered);
+  using off_t = EntryOffset<index_t>;
+  const off_t n = static_cast<off_t>(hi - lo);
+  for (off_t k0 = 0; k0 < n; k0 += U) {
+    const off_t left = n - k0;  // > 0; the step's entries u < left are the row's
+    const index_t* idx = p.idx + lo + k0;
+    index_t j[U], jq[kSlots];
+#pragma unroll
+    for (int u = 0; u < U; ++u) j[u] = load_index_if(u < left, idx + u);
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) jq[s] = load_index_if(s * kS + q < left, idx + s * kS + q);
+    Vec<scalar_t, V> xv[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      xv[u] = load_vec_if<scalar_t, V>(valid && u < left && gathered_ok(j[u]),
+                                      row_at(p.x, j[u], HD) + m.feat[0]);
+    acc_t w[kSlots];
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      const int64_t e = lo + k0 + s * kS + q;
+      const bool use = valid && s * kS + q < left && gathered_ok(jq[s]);
+      const acc_t ssrc = load_value_if(use, row_at(p.s_src, jq[s], H) + h);
+      acc_t z = use ? ssrc + sd[0] : acc_t(0);
+      z += load_value_if(use && p.s_edge != nullptr, p.s_edge + e * p.H + h);
+      acc_t mk = 1;
+      if (p.rng.threshold != 0) mk = p.rng.keep(e, h) ? p.scale : acc_t(0);  // uniform branch
+      const acc_t wk = exp_(leaky(z, p.negative_slope) - lse[0]) * mk;
+      w[s] = use ? wk : acc_t(0);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const acc_t wu = __shfl_sync(mask, w[u / kS], head_base + (u % kS));
+      axpy_vec(acc[0], wu, xv[u]);
+    }
+  }
+}
+
+// The one-pass state of this lane's heads over entries [lo, hi) of a row with
+// destination scores sd: running maximum mx (scaled units), sum of exp(l -
+// mx), and acc = sum_e exp(l[e] - mx) * mask[e] * x[col[e], h] (not yet
+// normalised).
+template <typename scalar_t, typename index_t, int V, int VPL>
+__device__ __forceinline__ void attend_heads_online(at::opmath_type<scalar_t> (&acc)[VPL][V],
+                                                    at::opmath_type<scalar_t> (&mx)[VPL],
+                                                    at::opmath_type<scalar_t> (&sum)[VPL],
+                                                    const GatParams<scalar_t, index_t>& p,
+                                                    int64_t lo, int64_t hi, int q, unsigned mask,
+                                                    const RowLanes<V, VPL>& m,
+                                                    const at::opmath_type<scalar_t> (&sd)[VPL]) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using Units = OnlineUnits<acc_t>;
+  constexpr int U = kLoadsInFlight / VPL;
+  const acc_t scale = Units::scale(), slope = p.negative_slope;
+#pragma unroll
+  for (int k = 0; k < VPL; ++k) {
+    mx[k] = -std::numeric_limits<acc_t>::infinity();
+    sum[k] = 0;
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[k][v] = 0;
+  }
+  for (int64_t e0 = lo; e0 < hi; e0 += U) {
+    bool ok[U];
+    Vec<scalar_t, V> xv[U][VPL];
+    acc_t l[U][VPL];
+    load_attend_step<U>(ok, xv, l, p, e0, hi, m, sd, [&](bool use, acc_t z) {
+      return use ? leaky(z, slope) * scale : -std::numeric_limits<acc_t>::infinity();
+    });
+    unsigned keep[VPL];
+    if (p.rng.threshold != 0)
+      draw_keep_bits<U, VPL, index_t>(keep, p.rng, nullptr, e0, hi, q, p.log2S, m.head);
+    // The step's maximum; the state is rescaled only when it grows. A NaN
+    // score never wins a comparison but reaches sum and acc through its
+    // weight below.
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      acc_t nm = mx[k];
+#pragma unroll
+      for (int u = 0; u < U; ++u) nm = l[u][k] > nm ? l[u][k] : nm;
+      if (nm > mx[k]) {
+        const acc_t c = online_shift(mx[k], nm);
+        sum[k] *= c;
+#pragma unroll
+        for (int v = 0; v < V; ++v) acc[k][v] *= c;
+        mx[k] = nm;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (e0 + u >= hi) break;  // group-uniform
+#pragma unroll
+      for (int k = 0; k < VPL; ++k) {
+        const acc_t mk = p.rng.threshold != 0
+                             ? keep_scale(keep[k], u, p.S, p.log2S, mask, p.scale)
+                             : acc_t(1);
+        if (!(ok[u] && m.valid[k])) continue;
+        const acc_t w = online_shift(l[u][k], mx[k]);
+        sum[k] += w;
+        const acc_t wm = w * mk;
+        axpy_vec(acc[k], wm, xv[u][k]);
+      }
+    }
+  }
+}
+
+namespace {  // internal linkage: each instance is launched by one .cu
+// kS = 4 or 8: the two-pass rows' second pass by attend_heads_transposed
+// (one vector per lane); kS = 0: attend_heads.
+template <typename scalar_t, typename index_t, int V, int VPL, int kS>
+__global__ void __launch_bounds__(kThreads, forward_rows_min_blocks<scalar_t, VPL, kS>())
+    gat_forward_rows_kernel(const GatParams<scalar_t, index_t> p, const WorkList wl) {
+  using acc_t = at::opmath_type<scalar_t>;
+  __shared__ acc_t red[kThreads * VPL * V];
+  // per (group, head) statistics of a long row's slices
+  // (groups * head slots = 256 * VPL / S entries)
+  __shared__ acc_t s_mx[kThreads * VPL], s_sum[kThreads * VPL];
+  const int G = p.G, lane = threadIdx.x & (G - 1), S = p.S, q = lane & (S - 1);
+  const int group = threadIdx.x / G, groups = kThreads / G;
+  const unsigned mask = group_mask(G);
+  const RowLanes<V, VPL> m(lane, G, p.log2S, p.H);
+  auto load_sd = [&](int64_t r, acc_t(&sd)[VPL]) {
+#pragma unroll
+    for (int k = 0; k < VPL; ++k)
+      sd[k] = m.valid[k] ? load_value(p.s_dst + r * p.H + m.head[k]) : acc_t(0);
+  };
+  auto short_row = [&](int64_t, int64_t r, int64_t lo, int64_t hi) {
+    acc_t sd[VPL], mx[VPL], sum[VPL], acc[VPL][V];
+    load_sd(r, sd);
+    if (hi - lo <= p.onepass_min) {  // group-uniform
+      acc_t lse[VPL];
+      row_stats_heads(p, lo, hi, q, m, sd, mx, sum);
+#pragma unroll
+      for (int k = 0; k < VPL; ++k) {
+        group_merge_stats(mx[k], sum[k], S, mask);
+        lse[k] = stats_lse(mx[k], sum[k], hi > lo);
+        if (q == 0 && m.valid[k]) p.lse_out[r * p.H + m.head[k]] = lse[k];
+      }
+      if constexpr (kS != 0) {
+        static_assert(VPL == 1, "one vector per lane");
+        attend_heads_transposed<kS>(acc, p, lo, hi, q, mask, m, sd, lse);
+      } else {
+        attend_heads(acc, p, lo, hi, q, mask, m, sd, lse);
+      }
+    } else {
+      attend_heads_online(acc, mx, sum, p, lo, hi, q, mask, m, sd);
+#pragma unroll
+      for (int k = 0; k < VPL; ++k) {
+        if (q == 0 && m.valid[k]) p.lse_out[r * p.H + m.head[k]] = online_lse(mx[k], sum[k], true);
+        // A row whose scores are all -inf gives 0 / 0 = NaN, as exp(l - lse)
+        // does in the reference.
+        const acc_t inv = acc_t(1) / sum[k];
+#pragma unroll
+        for (int v = 0; v < V; ++v) acc[k][v] *= inv;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < VPL; ++k)
+      if (m.valid[k]) store_vec<scalar_t, V>(p.out + r * p.HD + m.feat[k], acc[k]);
+  };
+  // A long row: each group takes a contiguous slice of the entries (all
+  // heads) with its own one-pass state; the states are merged over the
+  // groups in group order through shared memory: the maxima and sums first,
+  // then the rows, each scaled by exp(m_g - M) / total, by block_reduce_store.
+  auto long_row = [&](int64_t r, int64_t lo, int64_t hi) {
+    int64_t slo, shi;
+    group_slice(lo, hi, group, groups, slo, shi);
+    const int slots = p.G / S * VPL;  // head slots per group
+    acc_t sd[VPL], mx[VPL], sum[VPL], acc[VPL][V];
+    load_sd(r, sd);
+    attend_heads_online(acc, mx, sum, p, slo, shi, q, mask, m, sd);
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      if (q == 0) {
+        s_mx[group * slots + m.head[k]] = mx[k];
+        s_sum[group * slots + m.head[k]] = sum[k];
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      acc_t row_mx = s_mx[m.head[k]];
+      for (int g = 1; g < groups; ++g) {
+        const acc_t o = s_mx[g * slots + m.head[k]];
+        row_mx = o > row_mx ? o : row_mx;
+      }
+      acc_t row_sum = 0;
+      for (int g = 0; g < groups; ++g)
+        row_sum += s_sum[g * slots + m.head[k]] * online_shift(s_mx[g * slots + m.head[k]], row_mx);
+      if (group == 0 && q == 0 && m.valid[k])
+        p.lse_out[r * p.H + m.head[k]] = online_lse(row_mx, row_sum, true);
+      const acc_t f = online_shift(mx[k], row_mx) * (acc_t(1) / row_sum);
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[k][v] *= f;
+    }
+    block_reduce_store<scalar_t, acc_t, V, VPL>(red, acc, G, lane, 0, p.HD, p.out + r * p.HD);
+    // (block_reduce_store ends with a barrier: s_mx / s_sum are free again)
+  };
+  for_each_work_item(p.ptr, p.num_edges, wl, G, 1, short_row, long_row);
+}
+}  // namespace
+
+}  // namespace pyg_multihead_agg

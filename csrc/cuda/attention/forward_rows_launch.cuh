@@ -1,0 +1,58 @@
+// The launcher of gat_forward_rows_kernel (launch_gat_forward_rows,
+// declared in launchers.cuh). Included by the forward_rows_*.cu files, each of
+// which instantiates it for its dtypes.
+#pragma once
+
+#include <ATen/OpMathType.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/TensorOptions.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "../utils/config.cuh"
+#include "../utils/dispatch.cuh"
+#include "../utils/work_list.cuh"
+#include "forward_rows_kernel.cuh"
+#include "heuristics.cuh"
+#include "launchers.cuh"
+#include "params.cuh"
+
+namespace pyg_multihead_agg {
+
+template <typename scalar_t, typename index_t>
+void launch_gat_forward_rows(GatParams<scalar_t, index_t> p, const RowConfig& rc,
+                             const at::TensorOptions& options) {
+  constexpr int kVec = vec_width<scalar_t>();
+  p.G = rc.G;
+  p.S = rc.S;
+  p.log2S = rc.log2S;
+  p.num_chunks = 1;
+  p.onepass_min = gat_onepass_min();
+  at::Tensor storage;
+  // (the attention kernels never sort their fetches)
+  const WorkList wl = make_work_list(p.ptr, p.num_rows, p.num_edges, false, storage, options);
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  const bool transposed = gat_transposed();
+  VPL_SWITCH(rc.vpl, kVPL, [&] {
+    auto run = [&](auto kernel) {
+      kernel<<<persistent_grid(kernel, p.num_rows, p.G), kThreads, 0, stream>>>(p, wl);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    };
+    constexpr bool kOne = kVPL == 1;
+    if (transposed && kOne && p.S == 8) {
+      run(gat_forward_rows_kernel<scalar_t, index_t, kVec, kVPL, kOne ? 8 : 0>);
+    } else if (transposed && kOne && p.S == 4) {
+      run(gat_forward_rows_kernel<scalar_t, index_t, kVec, kVPL, kOne ? 4 : 0>);
+    } else {
+      run(gat_forward_rows_kernel<scalar_t, index_t, kVec, kVPL, 0>);
+    }
+  });
+}
+
+}  // namespace pyg_multihead_agg

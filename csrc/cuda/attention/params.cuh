@@ -1,0 +1,96 @@
+// Parameters of the fused GAT attention's kernels and their compile-time
+// tuning (block sizes, minimum resident blocks). Run-time launch choices are
+// in heuristics.cuh.
+#pragma once
+
+#include <ATen/OpMathType.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "../../philox.h"
+#include "../utils/config.cuh"
+
+namespace pyg_multihead_agg {
+
+template <typename scalar_t, typename index_t>
+struct GatParams {
+  using acc_t = at::opmath_type<scalar_t>;
+  const index_t* ptr;        // rowptr (forward) or colptr (backward)
+  const index_t* idx;        // col (forward) or row (backward)
+  const index_t* perm;       // backward: edge id of each CSC entry
+  const scalar_t* s_src;     // [N_src, H]
+  const scalar_t* s_dst;     // [N_dst, H]
+  const scalar_t* s_edge;    // [E, H] or nullptr
+  const scalar_t* x;         // [N_src, H, D]
+  const scalar_t* grad_out;  // backward: [N_dst, H, D]
+  const acc_t* lse_in;       // backward: [N_dst, H]
+  const acc_t* delta;        // backward: [N_dst, H]
+  const acc_t* grad_lse;     // backward: [N_dst, H] or nullptr
+  const scalar_t* bias;      // [H, D] or nullptr (backward: delta from out - bias)
+  scalar_t* out;             // forward: [N_dst, H, D]; backward: grad_x [N_src, H, D]
+  acc_t* lse_out;            // forward: [N_dst, H]
+  scalar_t* grad_s_src;      // backward: [N_src, H]
+  acc_t* grad_z;             // backward: [E, H], by edge id or (perm_inv) by CSC entry
+  const index_t* perm_inv;   // backward: CSC entry of each edge, or nullptr
+  const void* aux;           // backward, all-heads path: RowAux<acc_t> [N_dst, H]
+  acc_t* part_x;             // backward, all-heads path: [slots, H * D] partial grad_x
+  acc_t* part_src;           // backward, all-heads path: [slots, H] partial grad_s_src
+  int64_t num_rows, num_gathered, num_edges;  // compressed rows, gathered rows, E
+  int H, D, HD, G, num_chunks;
+  int S, log2S;  // all-heads path: lanes per head (D / V, a power of two <= G)
+  int64_t onepass_min;  // all-heads forward: rows longer than this take one pass
+  acc_t negative_slope, scale;  // scale: 1 / (1 - p) (0 for p == 1)
+  DropoutRng rng;
+};
+
+// ---------------------------------------------------------------------------
+// Per-head kernels (the fallback shapes)
+// ---------------------------------------------------------------------------
+
+// gat_forward_kernel: two blocks per SM (at most 128 registers) for float32,
+// which ptxas fits without spilling; one for the others, which would spill.
+template <typename scalar_t>
+constexpr int forward_min_blocks() {
+  return std::is_same<scalar_t, float>::value ? 2 : 1;
+}
+
+// ---------------------------------------------------------------------------
+// All-heads kernels (the fast path)
+// ---------------------------------------------------------------------------
+
+// gat_forward_rows_kernel: 2 blocks (128 registers), 1 with four vectors per
+// lane. Transposed variants: float32 at 3 blocks (80 registers); 2-byte types
+// at 2 (128 registers, no spill), as at 3 the bf16 kernel spilled in its step
+// loop (80 registers, 19 LDL per step), and 2 measured 0 / -5 / +1.7% on
+// arxiv- / products- / reddit-like.
+constexpr int kForwardTransposedMinBlocks = 3;
+constexpr int kForwardTransposedMinBlocksHalf = 2;
+
+template <typename scalar_t, int VPL, int kS>
+constexpr int forward_rows_min_blocks() {
+  if (VPL >= 4) return 1;
+  if (kS == 0) return 2;
+  return sizeof(scalar_t) == 2 ? kForwardTransposedMinBlocksHalf : kForwardTransposedMinBlocks;
+}
+
+// gat_backward_rows_kernel: blocks of 128 threads. The kernel has no
+// block-wide step (slices replace block-wide long rows), so registers, not the
+// block size, set the warps per multiprocessor: float32 rows of one vector per
+// lane fit 96 registers, 5 blocks = 20 warps instead of 2 x 8 with 256 threads
+// (the kernel is latency-bound: more warps, more gathers in flight). Other
+// rows: at most 128 registers (4 blocks) or, with 4 vectors per lane, one
+// block's worth.
+constexpr int kBackwardThreads = 128;
+// Transposed variants: float32 at 4 blocks (125 registers); 2-byte types at 5
+// (96 registers, 48 bytes of spill), which took 1-2% off bf16 where float32
+// lost 1-2%.
+constexpr int kBackwardTransposedMinBlocksHalf = 5;
+
+template <typename scalar_t, int VPL, int kS>
+constexpr int backward_min_blocks() {
+  if (kS != 0) return sizeof(scalar_t) == 2 ? kBackwardTransposedMinBlocksHalf : 4;
+  return VPL >= 4 ? 1 : (VPL == 1 && sizeof(scalar_t) == 4 ? 5 : 4);
+}
+
+}  // namespace pyg_multihead_agg

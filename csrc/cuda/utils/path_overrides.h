@@ -1,0 +1,30 @@
+// A private test hook: forces a kernel path that a launch heuristic
+// (spmm/heuristics.cuh, attention/heuristics.cuh) would otherwise choose, so
+// that tests cover every path on any graph. Set only through the private
+// operator pyg_multihead_agg::_set_kernel_path (csrc/ops.cpp), which
+// pyg_multihead_agg/_testing.py wraps as `force_kernel_path`. Every path
+// starts at -1: use the heuristic.
+//
+// Plain C++ without CUDA, compiled into every build, so that a CPU-only
+// build accepts the operator too (it has no kernel to steer).
+#pragma once
+
+#include <cstdint>
+
+namespace pyg_multihead_agg {
+
+enum class KernelPath : int {
+  kTensorCores,  // 2-byte spmm forward and backward on the tensor cores: 0 / 1
+  kTcStaged,     // the tensor-core forward's kernel: registers (0) or staged (1)
+  kSplitRows,    // spmm forward, rows narrower than a warp: a row per group (0) or per warp (1)
+  kTransposed,   // heads of 4 or 8 lanes: per-entry scalar work in one lane (1) or in all (0)
+  kSortFetch,    // 2-byte spmm kernels sort a warp's fetch of short rows by degree: 0 / 1
+  kOnepassMin,   // fused forward: rows of more entries take the one-pass path (>= 0)
+  kSliceLen,     // sliced passes: rows longer than this are cut into slices of it (>= 1)
+  kCount,
+};
+
+// The forced value of `path`, or -1: use the heuristic.
+int64_t path_override(KernelPath path);
+
+}  // namespace pyg_multihead_agg
