@@ -52,6 +52,15 @@ def multihead_spmm(rowptr: Tensor, col: Tensor, weight: Tensor, x: Tensor,
     Returns:
         :obj:`[N_dst, H, D]`; rows without edges are zero. Half types
         accumulate in float32.
+
+    Example:
+        >>> import torch, pyg_multihead_agg as pma
+        >>> rowptr, col = torch.tensor([0, 2, 3]), torch.tensor([0, 1, 1])  # 2 rows, 3 edges
+        >>> weight = torch.ones(3, 4)                   # [E, H]
+        >>> x = torch.randn(2, 4, 8)                    # [N_src, H, D]
+        >>> out = pma.multihead_spmm(rowptr, col, weight, x)
+        >>> out.shape, torch.allclose(out[0], x[0] + x[1])
+        (torch.Size([2, 4, 8]), True)
     """
     if validate:
         check_csr(rowptr, col, x.size(0))
@@ -221,10 +230,10 @@ for _name in ("multihead_spmm_backward_csc", "multihead_spmm_backward_x_scatter"
 
 
 # ---------------------------------------------------------------------------
-# Fused GAT attention (docs/fused_attention.md)
+# Fused GAT attention (docs/gat_attention.md)
 # ---------------------------------------------------------------------------
 
-def new_philox(generator: Optional[torch.Generator] = None) -> Tensor:
+def _new_philox(generator: Optional[torch.Generator] = None) -> Tensor:
     r"""A fresh dropout key for :func:`gat_attention`: a CPU int64 tensor
     :obj:`[seed, 0]` whose seed is drawn from :obj:`generator` (default:
     torch's global CPU generator, so :func:`torch.manual_seed` makes the
@@ -267,7 +276,7 @@ def gat_attention(rowptr: Tensor, col: Tensor, s_src: Tensor, s_dst: Tensor, x: 
         negative_slope (float): of the LeakyReLU.
         dropout (float): attention dropout probability (pass 0 in eval).
         philox (torch.Tensor, optional): CPU int64 :obj:`[seed, offset]`;
-            drawn with :func:`new_philox` from :obj:`generator` when
+            drawn from :obj:`generator` (a fresh seed, offset 0) when
             :obj:`dropout > 0` and not given.
         csc ((torch.Tensor, torch.Tensor, torch.Tensor), optional): the CSC
             :obj:`(colptr, row, perm)` of the graph for the backward; built
@@ -294,6 +303,17 @@ def gat_attention(rowptr: Tensor, col: Tensor, s_src: Tensor, s_dst: Tensor, x: 
         inputs), :obj:`-inf` for rows without edges and NaN (as
         :obj:`out`) for rows with a NaN or :obj:`+inf` logit or only
         :obj:`-inf` logits. Both are differentiable.
+
+    Example:
+        >>> import torch, pyg_multihead_agg as pma
+        >>> rowptr, col = torch.tensor([0, 2, 3]), torch.tensor([0, 1, 1])
+        >>> x = torch.randn(2, 4, 8)                          # [N_src, H, D]
+        >>> s_src, s_dst = torch.randn(2, 4), torch.randn(2, 4)
+        >>> out, lse = pma.gat_attention(rowptr, col, s_src, s_dst, x)
+        >>> out.shape, lse.shape
+        (torch.Size([2, 4, 8]), torch.Size([2, 4]))
+        >>> torch.allclose(out[1], x[1])  # a row with one edge: its weight is 1
+        True
     """
     if validate:
         check_csr(rowptr, col, x.size(0))
@@ -302,7 +322,7 @@ def gat_attention(rowptr: Tensor, col: Tensor, s_src: Tensor, s_dst: Tensor, x: 
             if perm_inv is not None:
                 check_perm_inv(perm_inv, csc[2])
     if dropout > 0 and philox is None:
-        philox = new_philox(generator)
+        philox = _new_philox(generator)
     colptr, row, perm = (None, None, None) if csc is None else csc
     if csc is None:
         perm_inv = None

@@ -61,9 +61,8 @@ def test_bad_shapes_under_fake_tensors(case):
     assert words[0] in str(info.value)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_device_mismatch():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
     rowptr, col, weight, x = good("cpu")
     with pytest.raises(RuntimeError, match="same device"):
         pma.multihead_spmm(rowptr, col, weight, x.cuda())

@@ -1,4 +1,4 @@
-"""The fused GAT attention op (docs/fused_attention.md) against the float64
+"""The fused GAT attention op (docs/gat_attention.md) against the float64
 reference of tests/gat_reference.py: forward (out and lse), backward (all four
 gradients and the gradient through lse), gradcheck, opcheck, torch.compile,
 the Philox dropout mask bit for bit, bad input and determinism.
@@ -290,7 +290,7 @@ def test_reference_matches_pyg_gatconv(bipartite):
 
 def test_reference_gradients_match_documented_backward():
     """Autograd through the reference gives the backward formulas of
-    docs/fused_attention.md (delta, dot, grad_l, grad_z), which the kernels
+    docs/gat_attention.md (delta, dot, grad_l, grad_z), which the kernels
     implement."""
     inp = make_inputs(CASES[1], torch.float64, seed=8, requires_grad=True)
     slope, p = 0.2, 0.4
@@ -679,8 +679,14 @@ def test_backward_with_bias_matches_reference(case, dtype, with_csc, with_edge, 
 PERM_INV_CASES = CASES + [(50, 60, 600, 4, 32, False), (20, 15, 200, 40, 2, False)]
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("layout", ["1", "0"], ids=["transposed", "every_lane"])
+_NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+# The layout flag selects CUDA kernels: the CPU kernel runs once.
+@pytest.mark.parametrize("device,layout", [
+    pytest.param("cpu", "1", id="transposed-cpu"),
+    pytest.param("cuda", "1", id="transposed-cuda", marks=_NEEDS_CUDA),
+    pytest.param("cuda", "0", id="every_lane-cuda", marks=_NEEDS_CUDA)])
 @pytest.mark.parametrize("with_edge,dropout", [(True, 0.0), (False, 0.5)],
                          ids=["s_edge-p0", "no_edge-p0.5"])
 @pytest.mark.parametrize("dtype,index_dtype", [(torch.float32, torch.int32),
@@ -697,8 +703,6 @@ def test_backward_perm_inv_same_results(case, dtype, index_dtype, with_edge, dro
     without it, and matches the reference; in every backward kernel (the
     all-heads path with heads of 4 or 8 lanes, transposed or not, the
     per-head path) and both row-sum kernels. The CPU kernel only checks it."""
-    if layout == "0" and device == "cpu":
-        pytest.skip("the layout flag selects CUDA kernels")
     inp = make_inputs(case, dtype, index_dtype, device, seed=PERM_INV_CASES.index(case) + 300,
                       with_edge=with_edge, requires_grad=True)
     gen = torch.Generator().manual_seed(17)
@@ -1238,11 +1242,11 @@ def test_dropout_mask_matches_reference(seed, offset, heads, p, device):
 
 
 def test_new_philox():
-    philox = pma.ops.new_philox(torch.Generator().manual_seed(5))
+    philox = pma.ops._new_philox(torch.Generator().manual_seed(5))
     assert philox.dtype == torch.int64 and philox.shape == (2,) and philox.device.type == "cpu"
     assert int(philox[1]) == 0
-    assert torch.equal(pma.ops.new_philox(torch.Generator().manual_seed(5)), philox)
-    assert not torch.equal(pma.ops.new_philox(torch.Generator().manual_seed(6)), philox)
+    assert torch.equal(pma.ops._new_philox(torch.Generator().manual_seed(5)), philox)
+    assert not torch.equal(pma.ops._new_philox(torch.Generator().manual_seed(6)), philox)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -1252,7 +1256,7 @@ def test_dropout_draws_seed_from_generator(device):
     inp = make_inputs(CASES[0], torch.float64, device=device, seed=22, requires_grad=True)
     gen = torch.Generator().manual_seed(5)
     out, lse = run_op(inp, dropout=0.5, generator=gen)
-    drawn = pma.ops.new_philox(torch.Generator().manual_seed(5))
+    drawn = pma.ops._new_philox(torch.Generator().manual_seed(5))
     ref_out, _ = run_reference(inp, dropout=0.5, philox=drawn)
     assert rel_error(out, ref_out) <= TOLERANCE[torch.float64]
     grad_out = torch.randn_like(out)
@@ -1461,9 +1465,8 @@ def test_bad_philox(case, device):
     assert_still_works(device)
 
 
+@_NEEDS_CUDA
 def test_philox_on_cuda_is_rejected():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
     inp = good("cuda")
     with pytest.raises(RuntimeError, match="philox must be a CPU int64 tensor"):
         run_op(inp, dropout=0.5, philox=PHILOX.cuda())

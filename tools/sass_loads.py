@@ -13,9 +13,9 @@ and how many of them are used with no other load in flight (a loop such as
 ``s += part[k]`` that makes one round trip per slot). A one-load remainder
 loop is not flagged: read the SASS for those.
 
-    python tools/sass_loads.py csrc/cuda/multihead_spmm.cu --filter "gather_kernel<float, int"
-    python tools/sass_loads.py --obj build/.../gat_attention.o
-    python tools/sass_loads.py --obj build/.../gat_attention.o --width any --in-loops
+    python tools/sass_loads.py csrc/cuda/spmm/gather_fp32_fp64.cu --filter "gather_kernel<float"
+    python tools/sass_loads.py --obj build/.../forward_rows_fp32_fp64.o
+    python tools/sass_loads.py --obj build/.../forward_rows_fp32_fp64.o --width any --in-loops
 
 Needs nvcc (CUDA 12.x/13.x) and cuobjdump: from PATH, $CUDA_HOME/bin, or the
 PyPI wheel ``nvidia-cuda-cuobjdump`` (``pip install nvidia-cuda-cuobjdump``;

@@ -7,7 +7,7 @@ backward branch and its body) that holds --gathers 16-byte loads, i.e. one
 unrolled step, with its instruction count and opcode histogram (e.g. the
 per-entry overhead of one kernel variant against another).
 
-    python tools/sass_loop.py csrc/cuda/multihead_spmm.cu --filter "gather_kernel<float, int"
+    python tools/sass_loop.py csrc/cuda/spmm/gather_fp32_fp64.cu --filter "gather_kernel<float, int"
 """
 import argparse
 import os

@@ -18,7 +18,7 @@ def fake_safe_edge_index_repr() -> None:
     (``_aot_autograd/graph_capture.py``). So every compiled graph with an
     ``EdgeIndex`` input fails with ``PendingUnbackedSymbolNotFound``.
     ``fullgraph=True`` then raises. Without it, the layer ran as 5 graphs
-    (H200, torch 2.11 + PyG 2.8, session 20).
+    (H200, torch 2.11 + PyG 2.8).
 
     Real tensors print as before. Idempotent.
     """

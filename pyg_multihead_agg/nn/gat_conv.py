@@ -34,8 +34,8 @@ class _FoldedScores(torch.autograd.Function):
     is summed over the N rows in chunks of 256, then over the chunks (a
     batched GEMM and a reduction), in at least float32, instead of one GEMM
     whose F * k dot products each run over all N rows. Measured on the H200
-    (``benchmarks/results/gpu_2026-11-30c``): the parameter gradients' error
-    against float64 on products-like went from 1.4e-6 to 9.2e-7; on
+    (bench_layer.py): the parameter gradients' error against float64 on
+    products-like went from 1.4e-6 to 9.2e-7; on
     reddit-like it stayed at 7.8e-5, which comes from one logit on the other
     side of leaky_relu's kink (see ``GATConv._scores``), not from this sum."""
 
@@ -282,7 +282,7 @@ class GATConv(PyGGATConv):
         # layer) without on products-like, but 7.8e-5 with and 1.2e-6
         # without on reddit-like. Each large error is one edge whose logit
         # is within float32 rounding of leaky_relu's kink and lands on the
-        # other side of it (benchmarks/score_kink_flips.py): att_dst's
+        # other side of it (tools/score_kink_flips.py): att_dst's
         # gradient is nonzero only through the kink, so one such edge moves
         # it by a whole term. Which edges flip depends on the order of the
         # arithmetic, not its precision. fold_scores = False restores PyG's

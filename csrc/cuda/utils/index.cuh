@@ -49,7 +49,7 @@ __device__ __forceinline__ bool in_range(int64_t v, int64_t bound) {
 // on 32-bit indices, a step of the float32 spmm backward (8 entries) spent
 // 71 ISETP and 65 IMAD of its 399 instructions on 64-bit compares (two per
 // `k < hi` and per range check), sign extensions and 64-bit row products
-// (scripts/sass_loop.py).
+// (tools/sass_loop.py).
 //
 // IndexBound: `v < bound` as one unsigned compare of the index's width; for
 // 32-bit indices the bound is clamped to 2^31 (every non-negative int32 is
