@@ -1,4 +1,4 @@
-"""Plain-PyTorch references for the fused GAT attention op (docs/fused_attention.md).
+"""Plain-PyTorch references for the fused GAT attention op (docs/gat_attention.md).
 
 * ``philox4x32_10`` / ``dropout_keep``: Philox4x32-10 exactly as csrc/philox.h,
   vectorised over int64 tensors that hold uint32 values (every result is masked
