@@ -25,10 +25,13 @@ from pyg_multihead_agg.nn import GATConv  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
-# "csr_unfused": our layer with fused_attention=False (PyG's softmax and
-# dropout, then our aggregation operator) on the csr adjacency.
-KINDS = ["edge_index", "csr", "edge_index_sorted", "sparse_tensor", "csr_unfused"]
-PEER = "edge_index"  # PyG's GATConv
+# (name, --layer, --adj of examples/train_cora.py). "csr unfused": our layer
+# with fused_attention=False (PyG's softmax and dropout, then our aggregation
+# operator) on the csr adjacency.
+VARIANTS = [("pyg edge_index", "pyg", "edge_index"), ("ours edge_index", "ours", "edge_index"),
+            ("ours edge_index_sorted", "ours", "edge_index_sorted"), ("ours csr", "ours", "csr"),
+            ("ours sparse_tensor", "ours", "sparse_tensor"), ("ours csr unfused", "ours", "csr")]
+PEER = "pyg edge_index"
 
 
 def main() -> None:
@@ -43,11 +46,13 @@ def main() -> None:
     dataset = load_dataset(args.root, "Cora")
     data = dataset[0].to(device)
     settings = paper_settings("Cora")
-    kinds = [k for k in KINDS if k != "sparse_tensor" or torch_geometric.typing.WITH_TORCH_SPARSE]
+    chosen = [v for v in VARIANTS
+              if v[2] != "sparse_tensor" or torch_geometric.typing.WITH_TORCH_SPARSE]
+    kinds = [name for name, _, _ in chosen]
     variants = {}
-    for kind in kinds:
-        conv = torch_geometric.nn.GATConv if kind == "edge_index" else GATConv
-        if kind == "csr_unfused":
+    for kind, layer, adj_kind in chosen:
+        conv = torch_geometric.nn.GATConv if layer == "pyg" else GATConv
+        if kind.endswith("unfused"):
             conv = functools.partial(GATConv, fused_attention=False)
         torch.manual_seed(0)
         model = GAT(conv, dataset.num_features, settings["hidden_channels"],
@@ -55,8 +60,7 @@ def main() -> None:
                     settings["dropout"]).to(device)
         optimizer = torch.optim.Adam(model.parameters(), lr=settings["lr"],
                                      weight_decay=settings["weight_decay"])
-        variants[kind] = (model, optimizer,
-                          build_adj(data, kind.removesuffix("_unfused"), device))
+        variants[kind] = (model, optimizer, build_adj(data, adj_kind, device))
 
     def epoch(kind: str) -> float:
         model, optimizer, adj = variants[kind]
@@ -80,19 +84,19 @@ def main() -> None:
         order = kinds[r % len(kinds):] + kinds[:r % len(kinds)]
         for kind in order:
             times[kind].extend(epoch(kind) for _ in range(args.epochs_per_round))
-    base = statistics.median(times["edge_index"])
+    base = statistics.median(times[PEER])
     meta = common.environment(device, sys.argv)
     meta["rounds"] = f"{args.rounds} rounds x {args.epochs_per_round} epochs"
     rows, cells = [], []
     for kind in kinds:
         med = statistics.median(times[kind])
-        layer = ("PyG GATConv" if kind == "edge_index" else "pyg_multihead_agg GATConv"
-                 + (" (fused_attention=False)" if kind.endswith("_unfused") else ""))
+        layer = ("PyG GATConv" if kind == PEER else "pyg_multihead_agg GATConv"
+                 + (" (fused_attention=False)" if kind.endswith("unfused") else ""))
         rows.append(common.Row("cora", "float32", kind, "epoch", ms=med, times_ms=times[kind],
                                extra={"layer": layer}))
         cells.append([kind, layer, f"{med:.2f} ms", f"{base / med:.2f}x"])
     common.add_speedups(rows, [PEER])
-    text = common.markdown_table(["--adj", "layer", "median epoch", "vs PyG"], cells)
+    text = common.markdown_table(["variant", "layer", "median epoch", "vs PyG"], cells)
     notes = (f"One epoch: a training step (forward, loss, backward, Adam) and an evaluation "
              f"forward of examples/train_cora.py's model, median over {meta['rounds']}, the "
              f"variants interleaved round-robin. vs PyG: PyG's GATConv on a plain edge_index "

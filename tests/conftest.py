@@ -116,7 +116,12 @@ def _needs_cuda(item) -> bool:
         "device" in name and _is_cuda_device(value) for name, value in callspec.params.items())
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    # Every test that needs CUDA carries the "cuda" marker (-m cuda selects them).
+    for item in items:
+        if _needs_cuda(item):
+            item.add_marker(pytest.mark.cuda)
     if torch.cuda.is_available():
         return
     keep, deselected = [], []
