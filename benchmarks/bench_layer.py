@@ -328,39 +328,8 @@ def table(rows: List[Row]) -> str:
     return common.markdown_table(headers, cells)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = common.benchmark_parser(__doc__.split("\n\n")[0], check_limit=1 << 20)
-    parser.add_argument("--dynamic", action="store_true",
-                        help="torch.compile(dynamic=True): one compile serves every graph "
-                        "(faster to run; default: static shapes, compiled per graph)")
-    parser.add_argument("--methods", default=None,
-                        help="regular expression: run only the rows whose method matches "
-                        "(e.g. 'compiled|csr')")
-    parser.add_argument("--fold-off-rows", action="store_true",
-                        help="also run our fused layer with fold_scores=False")
-    parser.add_argument("--no-compile", action="store_true",
-                        help="eager rows only (skips torch.compile and its warm-up)")
-    parser.add_argument("--passes", default=f"{FORWARD},{TRAIN}",
-                        help=f"comma-separated: {FORWARD} (inference, under no_grad) and/or "
-                        f"{TRAIN} (a training step)")
-    args, device, shapes, dtypes = common.parse_benchmark_args(parser, argv)
-    args.passes = [p for p in args.passes.split(",") if p]
-    bad = [p for p in args.passes if p not in (FORWARD, TRAIN)]
-    if bad or not args.passes:
-        parser.error(f"--passes: expected {FORWARD} and/or {TRAIN}, got {args.passes!r}")
-    # Every (layer, adjacency, graph, dtype) is its own compiled graph.
-    torch._dynamo.config.recompile_limit = 64
-
-    meta = common.environment(device, sys.argv if argv is None else [__file__] + argv)
-    meta["in_channels"] = IN_CHANNELS
-    meta["compile"] = ("no compiled rows" if args.no_compile else
-                       f"torch.compile(dynamic={args.dynamic})")
-    log(f"{meta['machine']}: GAT layer, {' and '.join(args.passes)}")
-    rows: List[Row] = []
-    notes: List[str] = []
-    ok = True
-    for shape in shapes:
-        ok &= bench_shape(shape, dtypes, args, device, rows, notes)
+def report(rows: List[Row], notes: List[str], meta, args, device: torch.device) -> None:
+    """Speed-ups, the table and the files of the rows so far."""
     common.add_speedups(rows, PEERS)
     add_memory_ratios(rows)
 
@@ -395,6 +364,42 @@ def main(argv: Optional[List[str]] = None) -> int:
     if failures:
         print(failures)
     print("written: " + ", ".join(paths))
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = common.benchmark_parser(__doc__.split("\n\n")[0], check_limit=1 << 20)
+    parser.add_argument("--dynamic", action="store_true",
+                        help="torch.compile(dynamic=True): one compile serves every graph "
+                        "(faster to run; default: static shapes, compiled per graph)")
+    parser.add_argument("--methods", default=None,
+                        help="regular expression: run only the rows whose method matches "
+                        "(e.g. 'compiled|csr')")
+    parser.add_argument("--fold-off-rows", action="store_true",
+                        help="also run our fused layer with fold_scores=False")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="eager rows only (skips torch.compile and its warm-up)")
+    parser.add_argument("--passes", default=f"{FORWARD},{TRAIN}",
+                        help=f"comma-separated: {FORWARD} (inference, under no_grad) and/or "
+                        f"{TRAIN} (a training step)")
+    args, device, shapes, dtypes = common.parse_benchmark_args(parser, argv)
+    args.passes = [p for p in args.passes.split(",") if p]
+    bad = [p for p in args.passes if p not in (FORWARD, TRAIN)]
+    if bad or not args.passes:
+        parser.error(f"--passes: expected {FORWARD} and/or {TRAIN}, got {args.passes!r}")
+    # Every (layer, adjacency, graph, dtype) is its own compiled graph.
+    torch._dynamo.config.recompile_limit = 64
+
+    meta = common.environment(device, sys.argv if argv is None else [__file__] + argv)
+    meta["in_channels"] = IN_CHANNELS
+    meta["compile"] = ("no compiled rows" if args.no_compile else
+                       f"torch.compile(dynamic={args.dynamic})")
+    log(f"{meta['machine']}: GAT layer, {' and '.join(args.passes)}")
+    rows: List[Row] = []
+    notes: List[str] = []
+    ok = True
+    for shape in shapes:
+        ok &= bench_shape(shape, dtypes, args, device, rows, notes)
+        report(rows, notes, meta, args, device)  # after each graph: a cut-short run keeps it
     if not ok:
         print("ours failed a check or did not run (rel err / ms columns)", file=sys.stderr)
     return 0 if ok else 1
