@@ -205,12 +205,30 @@ def reference(case, seed, kind, edge_index, x_src, x_dst, edge_attr, perm):
                edge_attr)
 
 
+def _unwrap(kind):
+    return (kind.values[0], kind.marks) if hasattr(kind, "values") else (kind, ())
+
+
+def _pyg_path_fails(case: Case, kind: str, fused: str) -> bool:
+    # PyG's own path (fused_attention=False): its self-loops for a
+    # torch.sparse adj_t with more destinations than sources index out of
+    # bounds inside PyG (an IndexError on the CPU, a device-side assert on
+    # CUDA), as PyG's layer does; test_pyg_path_fails_like_pyg.
+    return (fused == "spmm" and kind in ("torch_csr", "torch_coo")
+            and case.name == "bipartite_more_dst_loops")
+
+
+MATCH_CASES = [
+    pytest.param(case, name, fused, id=f"{case.name}-{name}-{fused_id}", marks=marks)
+    for case in CASES for name, marks in map(_unwrap, KINDS)
+    for fused, fused_id in (("fold", "fused_attention"), ("unfolded", "fused_unfolded_scores"),
+                            ("spmm", "spmm"))
+    if not _pyg_path_fails(case, name, fused)]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
-@pytest.mark.parametrize("fused", ["fold", "unfolded", "spmm"],
-                         ids=["fused_attention", "fused_unfolded_scores", "spmm"])
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case,kind,fused", MATCH_CASES)
 def test_matches_pyg(case, kind, fused, dtype, device):
     seed = 1 + CASES.index(case)
     edge_index, x_src, x_dst, edge_attr = make_graph(case, seed)
@@ -229,13 +247,6 @@ def test_matches_pyg(case, kind, fused, dtype, device):
     ours = ours.to(device, dtype)
     ours.fused_attention = fused != "spmm"
     ours.fold_scores = fused == "fold"
-    if (fused == "spmm" and kind in ("torch_csr", "torch_coo")
-            and case.name == "bipartite_more_dst_loops"):
-        # PyG's own path: its self-loops for a torch.sparse adj_t with more
-        # destinations than sources fail inside PyG (as PyG's layer does).
-        with pytest.raises(RuntimeError, match="out of bounds"):
-            run(ours, case, kind, adj, x_src.to(**to), x_dst.to(**to), ours_attr)
-        return
     result = {}
     events = op_events(lambda: result.update(out_grads=run(
         ours, case, kind, adj, x_src.to(**to), x_dst.to(**to), ours_attr)))
@@ -244,6 +255,29 @@ def test_matches_pyg(case, kind, fused, dtype, device):
     assert_matches(out, grads, ref_out, ref_grads, TOL[dtype])
     if fused != "spmm":
         assert events == {FUSED_OP, FUSED_BACKWARD}
+
+
+@pytest.mark.parametrize("kind", ["torch_csr", "torch_coo"])
+def test_pyg_path_fails_like_pyg(kind):
+    """fused_attention=False runs PyG's self-loop code, which fails on a
+    torch.sparse adj_t with more destinations than sources exactly as PyG's
+    own layer does (CPU only: on CUDA PyG's failure is a device-side assert,
+    which would end the process's CUDA context). The fused path serves it."""
+    case = next(c for c in CASES if c.name == "bipartite_more_dst_loops")
+    edge_index, x_src, x_dst, _ = make_graph(case, 3)
+    ref, ours = make_layers(case, 3)
+    adj, _ = make_adj(kind, edge_index, case.num_src, case.num_dst)
+    x = (x_src.float(), x_dst.float())
+    with pytest.raises(RuntimeError) as theirs:
+        ref(x, adj)
+    ours.fused_attention = False
+    with pytest.raises(RuntimeError) as mine:
+        ours(x, adj)
+    assert str(mine.value) == str(theirs.value)
+    ours.fused_attention = True
+    assert_matches(*run(ours.double(), case, kind, adj, x_src, x_dst, None),
+                   *reference(case, 3, kind, edge_index, x_src, x_dst, None,
+                              torch.arange(edge_index.size(1))), 1e-12)
 
 
 @pytest.mark.parametrize("kind", ["edge_index", "edge_index_sorted", "torch_csr", "torch_coo"])
@@ -439,10 +473,6 @@ def weights_of(att):
     if isinstance(att, SparseTensor):
         return att.storage.value()
     return att[1]
-
-
-def _unwrap(kind):
-    return (kind.values[0], kind.marks) if hasattr(kind, "values") else (kind, ())
 
 
 # (PyG refuses edge features with self-loops for sparse adjacencies.)
