@@ -160,12 +160,7 @@ def csr_to_csc(rowptr: Tensor, col: Tensor, num_src: int) -> CSC:
         >>> colptr.tolist(), row.tolist(), perm.tolist()
         ([0, 1, 3], [1, 0, 1], [1, 0, 2])
     """
-    row = ptr2index(rowptr, output_size=col.numel())
-    return _csc_of(row.to(col.dtype), col, num_src)
-
-
-def _csc_of(row: Tensor, col: Tensor, num_src: int) -> CSC:
-    # (row, col) in CSR order -> (colptr, row, perm) in the dtype of col.
+    row = ptr2index(rowptr, output_size=col.numel()).to(col.dtype)
     col_sorted, perm = torch.sort(col, stable=True)
     return _ptr(col_sorted, num_src).to(col.dtype), row[perm], perm.to(col.dtype)
 

@@ -863,9 +863,9 @@ def test_compile_sparse_tensor_fullgraph():
 
 @pytest.mark.skipif(not WITH_TORCH_SPARSE, reason="needs torch_sparse")
 def test_compile_sparse_tensor_with_self_loops():
-    # torch_sparse's ops cannot be traced: the graph preparation runs
-    # outside the graph (one graph break), the rest compiles.
-    compile_case("sparse_tensor", True, "aot_eager", fullgraph=False)
+    # With its caches filled, the SparseTensor's indices are plain tensors:
+    # the self-loops are traced like those of an edge_index.
+    compile_case("sparse_tensor", True, "aot_eager", fullgraph=True)
 
 
 @pytest.mark.parametrize("add_self_loops", [False, True])
