@@ -11,6 +11,7 @@ torch that is installed (the C++ ABI must match).
 """
 import glob
 import os
+import sys
 
 import torch
 from setuptools import find_packages, setup
@@ -40,15 +41,28 @@ def default_arch_list() -> str:
     return "9.0"
 
 
+def openmp_flags() -> list:
+    """-fopenmp where torch's ATen runs on OpenMP and the compiler is GCC or
+    clang on Linux (torch ships its libgomp; elsewhere the CPU kernels run on
+    one thread)."""
+    if not sys.platform.startswith("linux") or not torch.backends.openmp.is_available():
+        return []
+    return ["-fopenmp"]
+
+
 def extensions():
     debug = os.getenv("DEBUG", "0") == "1"
     cuda = with_cuda()
     sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
     sources += sorted(glob.glob(os.path.join("csrc", "cpu", "*.cpp")))
-    # The test hook's registry (plain C++): every build accepts its operator.
-    sources += [os.path.join("csrc", "cuda", "utils", "path_overrides.cpp")]
     cxx = ["-O0", "-g"] if debug else ["-O3"]
     cxx += ["-fdiagnostics-color=always", "-DPy_LIMITED_API=0x030A0000"]
+    link = ["-O0", "-g"] if debug else []
+    # at::parallel_for is inlined into the CPU kernels: without OpenMP they run
+    # on one thread whatever torch.set_num_threads says.
+    openmp = openmp_flags()
+    cxx += openmp
+    link += openmp
     extra_compile_args = {"cxx": cxx}
     extension = CppExtension
     if cuda:
@@ -68,7 +82,7 @@ def extensions():
             f"{LIBRARY}._C",
             sources,
             extra_compile_args=extra_compile_args,
-            extra_link_args=["-O0", "-g"] if debug else [],
+            extra_link_args=link,
             py_limited_api=True,
         )
     ]

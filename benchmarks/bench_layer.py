@@ -235,7 +235,8 @@ def variants(g: Graph, pyg: torch.nn.Module, ours: Optional[torch.nn.Module], dt
     return out
 
 
-def bench_dtype(g: Graph, dtype: torch.dtype, args, device: torch.device) -> List[Row]:
+def bench_dtype(g: Graph, dtype: torch.dtype, args, device: torch.device,
+                label: str) -> List[Row]:
     dname = str(dtype).replace("torch.", "")
     heads, channels, n = g.heads, g.channels, g.num_nodes
     if not args.dynamic:
@@ -256,7 +257,7 @@ def bench_dtype(g: Graph, dtype: torch.dtype, args, device: torch.device) -> Lis
     ours = None
     if OurGATConv is None:
         log(f"pyg_multihead_agg.nn.GATConv is not importable, skipping its rows ({why})")
-        rows.append(Row(g.name, dname, "ours (all adjacencies)", "forward+backward",
+        rows.append(Row(label, dname, "ours (all adjacencies)", "forward+backward",
                         status=f"skipped: pyg_multihead_agg.nn.GATConv not importable: {why}"))
     else:
         ours = OurGATConv(IN_CHANNELS, channels, heads=heads, add_self_loops=False)
@@ -268,7 +269,7 @@ def bench_dtype(g: Graph, dtype: torch.dtype, args, device: torch.device) -> Lis
             body = functools.partial(run_variant, make=make, x=x, grad_out=grad_out,
                                      check=check, baseline=baseline.setdefault(pass_, {}),
                                      device=device, args=args)
-            r = common.run_guarded(Row(g.name, dname, method, pass_,
+            r = common.run_guarded(Row(label, dname, method, pass_,
                                        extra={"checked_on": check.what}), body, device)
             rows.append(r)
             if method == PYG_EAGER:
@@ -276,14 +277,14 @@ def bench_dtype(g: Graph, dtype: torch.dtype, args, device: torch.device) -> Lis
             first = r.extra.get("first_call_s")
             graphs = (f", {r.extra['graphs_compiled']} graphs, {r.extra['graph_breaks']} breaks"
                       if "graphs_compiled" in r.extra else "")
-            log(f"{g.name} {dname} {method:30s} {pass_:16s} {common.fmt_ms(r):>12s} ms  "
+            log(f"{label} {dname} {method:30s} {pass_:16s} {common.fmt_ms(r):>12s} ms  "
                 f"err {common.fmt_err(r)}  peak {common.fmt_bytes(r.peak_extra_bytes)}"
                 + (f"  (first call {first} s{graphs})" if first is not None else ""))
     return rows
 
 
 def bench_shape(shape: str, dtypes: List[torch.dtype], args, device: torch.device,
-                rows_out: List[Row], notes: List[str]) -> bool:
+                rows_out: List[Row], notes: List[str], label: Optional[str] = None) -> bool:
     """Benchmarks one graph in every dtype; returns False if ours failed a
     check or did not run."""
     log(f"{shape}: generating (with one self-loop per node)")
@@ -293,7 +294,7 @@ def bench_shape(shape: str, dtypes: List[torch.dtype], args, device: torch.devic
                  f"H = {g.heads}, D = {g.channels}, max in-degree {int(g.rowptr.diff().max()):,}")
     all_ok = True
     for dtype in dtypes:
-        rows = bench_dtype(g, dtype, args, device)
+        rows = bench_dtype(g, dtype, args, device, label or shape)
         if dtype == dtypes[0] and rows:
             notes[-1] += f"; checked on {rows[-1].extra.get('checked_on')}"
         common.free_memory(device)
@@ -397,9 +398,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     rows: List[Row] = []
     notes: List[str] = []
     ok = True
-    for shape in shapes:
-        ok &= bench_shape(shape, dtypes, args, device, rows, notes)
-        report(rows, notes, meta, args, device)  # after each graph: a cut-short run keeps it
+    for threads in common.thread_counts(args, device):
+        for shape in shapes:
+            ok &= bench_shape(shape, dtypes, args, device, rows, notes,
+                              label=common.set_threads(threads, shape))
+            report(rows, notes, meta, args, device)  # after each graph: a cut-short run keeps it
     if not ok:
         print("ours failed a check or did not run (rel err / ms columns)", file=sys.stderr)
     return 0 if ok else 1

@@ -223,8 +223,11 @@ def run_backward(r: Row, fn: Callable, inp: Inputs, ref: Reference, device: torc
 
 
 def bench_shape(shape: str, dtypes: List[torch.dtype], args, device: torch.device,
-                ceiling: float, rows_out: List[Row], notes: List[str]) -> bool:
-    """Benchmarks one graph in every dtype; returns False if ours failed a check."""
+                ceiling: float, rows_out: List[Row], notes: List[str],
+                label: Optional[str] = None) -> bool:
+    """Benchmarks one graph in every dtype (rows labelled ``label``, default the
+    shape); returns False if ours failed a check."""
+    label = label or shape
     index_dtype = torch.int32 if args.index_dtype == "int32" else torch.int64
     log(f"{shape}: generating")
     g = make_graph(shape, index_dtype=index_dtype, device=device, data_root=args.data_root)
@@ -265,11 +268,11 @@ def bench_shape(shape: str, dtypes: List[torch.dtype], args, device: torch.devic
                                                       device=device, args=args))
                  for method, fn in methods_bwd.items()]
         for pass_, method, body in jobs:
-            r = common.run_guarded(Row(shape, dname, method, pass_), body, device)
+            r = common.run_guarded(Row(label, dname, method, pass_), body, device)
             rows_out.append(r)
             if method.startswith(OURS):
                 all_ok &= r.check == "ok"
-            log(f"{shape} {dname} {pass_:16s} {method:22s} {common.fmt_ms(r):>12s} ms  "
+            log(f"{label} {dname} {pass_:16s} {method:22s} {common.fmt_ms(r):>12s} ms  "
                 f"err {common.fmt_err(r)}  peak {common.fmt_bytes(r.peak_extra_bytes)}")
         del inp, jobs
         common.free_memory(device)
@@ -295,21 +298,27 @@ def main(argv: Optional[List[str]] = None) -> int:
     meta = common.environment(device, sys.argv if argv is None else [__file__] + argv)
     meta["pyg_multihead_agg"] = pyg_multihead_agg.__version__
     meta["index_dtype"] = args.index_dtype
-    ceiling = common.copy_bandwidth(device)
-    common.free_memory(device)
-    meta["copy_ceiling_GBps"] = round(ceiling / 1e9, 1)
-    log(f"{meta['machine']}: copy ceiling {ceiling / 1e9:.0f} GB/s (read + write)")
-
     rows: List[Row] = []
     notes: List[str] = []
     ok = True
-    for shape in shapes:
-        ok &= bench_shape(shape, dtypes, args, device, ceiling, rows, notes)
+    ceilings = {}
+    for threads in common.thread_counts(args, device):
+        common.set_threads(threads, "")
+        ceiling = common.copy_bandwidth(device)
+        common.free_memory(device)
+        ceilings[threads or "default"] = round(ceiling / 1e9, 1)
+        log(f"{meta['machine']}: copy ceiling {ceiling / 1e9:.0f} GB/s (read + write)"
+            + (f" with {threads} threads" if threads else ""))
+        for shape in shapes:
+            ok &= bench_shape(shape, dtypes, args, device, ceiling, rows, notes,
+                              label=common.set_threads(threads, shape))
+    meta["copy_ceiling_GBps"] = (next(iter(ceilings.values())) if len(ceilings) == 1
+                                 else {f"{t} threads": c for t, c in ceilings.items()})
     common.add_speedups(rows, PEERS)
 
     text = table(rows)
     notes_md = ("GB/s: (E*idx + E*H*s + E*H*D*s + N*H*D*s) / time (forward only); % copy: of "
-                f"the device-to-device copy bandwidth, {ceiling / 1e9:.0f} GB/s. peak extra: "
+                f"the copy bandwidth (read + write), {meta['copy_ceiling_GBps']} GB/s. peak extra: "
                 "max_memory_allocated minus what was allocated before the call (CUDA only). "
                 "rel err: ||out - ref|| / ||ref|| against float64 (forward+backward: the worse "
                 "of grad x and grad weight); FAIL if above "
@@ -322,7 +331,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     paths = common.write_results(args.out, stem, "multihead_spmm operator benchmark", meta, rows,
                                  text, notes_md, chart_peers=PEERS)
     print()
-    print(f"{common.summary_line(meta)}, copy ceiling {ceiling / 1e9:.0f} GB/s")
+    print(f"{common.summary_line(meta)}, copy ceiling {meta['copy_ceiling_GBps']} GB/s")
     print(text)
     if failures:
         print(failures)

@@ -441,8 +441,26 @@ def benchmark_parser(description: str, check_limit: int) -> "argparse.ArgumentPa
                         "many edges, else a seeded sample that holds about this many")
     parser.add_argument("--data-root", default=None,
                         help="folder holding Cora/raw, for --shapes cora (default ../shared/data)")
+    parser.add_argument("--threads", default=None,
+                        help="CPU: comma list of thread counts to run every shape with (e.g. "
+                        "1,2; each shape is labelled with its count; default: torch's)")
     add_output_args(parser)
     return parser
+
+
+def thread_counts(args, device: torch.device) -> List[Optional[int]]:
+    """The CPU thread counts of --threads ([None]: torch's own, and always on CUDA)."""
+    if device.type != "cpu" or not args.threads:
+        return [None]
+    return [int(t) for t in args.threads.split(",")]
+
+
+def set_threads(count: Optional[int], shape: str) -> str:
+    """Sets torch's CPU threads (None: leave them); the label of the shape's rows."""
+    if count is None:
+        return shape
+    torch.set_num_threads(count)
+    return f"{shape}, {count} thread{'s' if count > 1 else ''}"
 
 
 def add_output_args(parser: "argparse.ArgumentParser") -> None:

@@ -84,6 +84,6 @@ TORCH_LIBRARY(pyg_multihead_agg, m) {
 
   // Private test hook: forces the CUDA kernel path `name` (value -1: back to
   // the launch heuristic) and returns the value it replaces; see
-  // csrc/cuda/utils/path_overrides.h and pyg_multihead_agg/_testing.py.
+  // csrc/path_overrides.h and pyg_multihead_agg/_testing.py.
   m.def("_set_kernel_path(str name, int value) -> int");
 }

@@ -1,7 +1,8 @@
-"""Private test hook: force the CUDA kernels' launch choices.
+"""Private test hook: force the kernels' launch choices.
 
 The CUDA launchers choose a kernel per call from the shapes and the graph
-(``csrc/cuda/spmm/heuristics.cuh``, ``csrc/cuda/attention/heuristics.cuh``).
+(``csrc/cuda/spmm/heuristics.cuh``, ``csrc/cuda/attention/heuristics.cuh``),
+the CPU kernels their instruction set from the processor (``csrc/cpu/loops.h``).
 Tests that must cover every path force one here, for the duration of a
 ``with`` block::
 
@@ -12,8 +13,7 @@ Tests that must cover every path force one here, for the duration of a
 
 A value of ``None`` (or -1) restores the heuristic inside the block. The
 previous values come back on exit, also when the block raises. The paths are
-process-wide settings, not thread-local. Not part of the public API; the CPU
-kernels ignore them.
+process-wide settings, not thread-local. Not part of the public API.
 """
 import contextlib
 from collections.abc import Iterator
@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 
 # name -> (smallest, largest) forced value (None: no upper bound), as in
-# csrc/cuda/utils/path_overrides.cpp.
+# csrc/path_overrides.cpp.
 KERNEL_PATHS = {
     # the 2-byte spmm forward and backward on the tensor cores (H * D = 128)
     "tensor_cores": (0, 1),
@@ -38,6 +38,8 @@ KERNEL_PATHS = {
     "onepass_min": (0, None),
     # sliced backward passes: rows longer than this are cut into slices of this length
     "slice_len": (1, None),
+    # CPU kernels: the baseline ISA (0), or AVX2 and FMA (1; where the CPU has them)
+    "cpu_avx2": (0, 1),
 }
 
 

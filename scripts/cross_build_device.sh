@@ -60,7 +60,7 @@ if [ ${#cu[@]} -gt 0 ]; then
   nvcc_pid=$!
 fi
 # The C++ sources (the CPU kernels, the schemas and the test hook's registry).
-for f in csrc/*.cpp csrc/cpu/*.cpp csrc/cuda/utils/*.cpp; do
+for f in csrc/*.cpp csrc/cpu/*.cpp; do
   [ "$REBUILD" = all ] || continue
   # shellcheck disable=SC2086
   g++ $CXXF $INC $DEF -c "$f" -o "$O/$(echo "${f#csrc/}" | tr / _ | sed 's/\.cpp$//').o"

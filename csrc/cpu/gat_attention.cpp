@@ -1,6 +1,6 @@
 // CPU kernels of the fused GAT attention (docs/gat_attention.md).
 //
-// Forward: destination rows in parallel (at::parallel_for); per row an exact
+// Forward: destination rows in parallel (split by work, loops.h); per row an exact
 // two-pass softmax over the row's edges, all heads of an edge together:
 // pass 1 takes the maximum logit per head, pass 2 accumulates
 // exp(l - max) (the softmax denominator) and exp(l - max) * m * x[j], and the
@@ -34,6 +34,7 @@
 #include "../checks.h"
 #include "../philox.h"
 #include "graph_checks.h"
+#include "loops.h"
 
 namespace pyg_multihead_agg {
 namespace {
@@ -107,64 +108,65 @@ std::tuple<at::Tensor, at::Tensor> gat_attention_cpu(
       const acc_t slope = static_cast<acc_t>(negative_slope);
       const acc_t keep_scale = static_cast<acc_t>(dropout.keep_scale);
       const DropoutRng rng = dropout.rng;
+      const bool has_dropout = dropout_p > 0.0;
       cpu::check_ends(rp, N_dst, E, "rowptr", "col");
 
-      at::parallel_for(0, N_dst, cpu::grain_size(N_dst, E, HD), [&](int64_t begin, int64_t end) {
-        std::vector<acc_t> acc(HD), row_max(H), row_sum(H), dst(H);
-        for (int64_t i = begin; i < end; ++i) {
-          const index_t lo = rp[i], hi = rp[i + 1];
-          cpu::check_range(lo, hi, E, "rowptr", i);
-          scalar_t* o = op + i * HD;
-          acc_t* l_out = lp + i * H;
-          if (lo == hi) {  // no edges: out = 0 (+ bias), lse = -inf
-            for (int64_t f = 0; f < HD; ++f) o[f] = static_cast<scalar_t>(ba[f]);
-            std::fill(l_out, l_out + H, -std::numeric_limits<acc_t>::infinity());
-            continue;
-          }
-          for (int64_t h = 0; h < H; ++h) dst[h] = static_cast<acc_t>(sdp[i * H + h]);
-          // z[e, h] = s_src[j, h] + s_dst[i, h] (+ s_edge[e, h]).
-          auto logit = [&](int64_t e, int64_t j, int64_t h) {
-            acc_t z = static_cast<acc_t>(ssp[j * H + h]) + dst[h];
-            if (has_edge) z += static_cast<acc_t>(sep[e * H + h]);
-            return leaky_relu(z, slope);
-          };
+      cpu::with_width(D, [&](auto width) {
+        cpu::parallel_rows(rp, N_dst, [&](int64_t begin, int64_t end) CPU_KERNEL_INLINE_LAMBDA {
+          std::vector<acc_t> acc(HD), row_max(H), row_sum(H), dst(H), p(H);
+          for (int64_t i = begin; i < end; ++i) {
+            const index_t lo = rp[i], hi = rp[i + 1];
+            cpu::check_range(lo, hi, E, "rowptr", i);
+            scalar_t* o = op + i * HD;
+            acc_t* l_out = lp + i * H;
+            if (lo == hi) {  // no edges: out = 0 (+ bias), lse = -inf
+              for (int64_t f = 0; f < HD; ++f) o[f] = static_cast<scalar_t>(ba[f]);
+              std::fill(l_out, l_out + H, -std::numeric_limits<acc_t>::infinity());
+              continue;
+            }
+            for (int64_t h = 0; h < H; ++h) dst[h] = static_cast<acc_t>(sdp[i * H + h]);
+            // z[e, h] = s_src[j, h] + s_dst[i, h] (+ s_edge[e, h]).
+            auto logit = [&](int64_t e, int64_t j, int64_t h) CPU_KERNEL_INLINE_LAMBDA {
+              acc_t z = static_cast<acc_t>(ssp[j * H + h]) + dst[h];
+              if (has_edge) z += static_cast<acc_t>(sep[e * H + h]);
+              return leaky_relu(z, slope);
+            };
 
-          // Pass 1: the exact row maximum per head (also validates col).
-          std::fill(row_max.begin(), row_max.end(), -std::numeric_limits<acc_t>::infinity());
-          for (int64_t e = lo; e < hi; ++e) {
-            const index_t j = cp[e];
-            cpu::check_index_value(j, N_src, "col", e);
-            for (int64_t h = 0; h < H; ++h) row_max[h] = std::max(row_max[h], logit(e, j, h));
-          }
+            // Pass 1: the exact row maximum per head (also validates col).
+            std::fill(row_max.begin(), row_max.end(), -std::numeric_limits<acc_t>::infinity());
+            for (int64_t e = lo; e < hi; ++e) {
+              const index_t j = cp[e];
+              cpu::check_index_value(j, N_src, "col", e);
+              for (int64_t h = 0; h < H; ++h) row_max[h] = std::max(row_max[h], logit(e, j, h));
+            }
 
-          // Pass 2: the denominator and the unnormalised, dropped-out sum.
-          std::fill(row_sum.begin(), row_sum.end(), acc_t(0));
-          std::fill(acc.begin(), acc.end(), acc_t(0));
-          for (int64_t e = lo; e < hi; ++e) {
-            const int64_t j = cp[e];
-            const scalar_t* xr = xp + j * HD;
-            unsigned kept = 0;  // dropout bits of heads h .. h + 3 (one Philox call)
+            // Pass 2: the denominator and the unnormalised, dropped-out sum.
+            std::fill(row_sum.begin(), row_sum.end(), acc_t(0));
+            std::fill(acc.begin(), acc.end(), acc_t(0));
+            for (int64_t e = lo; e < hi; ++e) {
+              const int64_t j = cp[e];
+              cpu::prefetch_source(xp, cp, e, E, N_src, HD);
+              for (int64_t h = 0; h < H; ++h) p[h] = std::exp(logit(e, j, h) - row_max[h]);
+              const scalar_t* xr = xp + j * HD;
+              unsigned kept = 0;  // dropout bits of heads h .. h + 3 (one Philox call)
+              for (int64_t h = 0; h < H; ++h) {
+                row_sum[h] += p[h];
+                if (has_dropout) {
+                  if ((h & 3) == 0) kept = rng.keep4(e, h >> 2);
+                  if (!((kept >> (h & 3)) & 1u)) continue;
+                }
+                cpu::axpy(acc.data() + h * width, p[h] * keep_scale, xr + h * width,
+                          int64_t(width));
+              }
+            }
             for (int64_t h = 0; h < H; ++h) {
-              const acc_t p = std::exp(logit(e, j, h) - row_max[h]);
-              row_sum[h] += p;
-              if ((h & 3) == 0) kept = rng.keep4(e, h >> 2);
-              if (!((kept >> (h & 3)) & 1u)) continue;
-              const acc_t w = p * keep_scale;
-              acc_t* a = acc.data() + h * D;
-              const scalar_t* xh = xr + h * D;
-              for (int64_t d = 0; d < D; ++d) a[d] += w * static_cast<acc_t>(xh[d]);
+              // row_sum >= 1 (the maximum contributes exp(0)).
+              l_out[h] = row_max[h] + std::log(row_sum[h]);
+              cpu::store_row(o + h * width, acc.data() + h * width, acc_t(1) / row_sum[h],
+                             ba + h * width, int64_t(width));
             }
           }
-          for (int64_t h = 0; h < H; ++h) {
-            // row_sum >= 1 (the maximum contributes exp(0)).
-            const acc_t inv = acc_t(1) / row_sum[h];
-            l_out[h] = row_max[h] + std::log(row_sum[h]);
-            const acc_t* a = acc.data() + h * D;
-            const acc_t* bh = ba + h * D;
-            scalar_t* oh = o + h * D;
-            for (int64_t d = 0; d < D; ++d) oh[d] = static_cast<scalar_t>(a[d] * inv + bh[d]);
-          }
-        }
+        });
       });
     });
   });
@@ -236,80 +238,80 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backwar
       cpu::check_ends(rp, N_dst, E, "rowptr", "col");
       cpu::check_ends(ccp, N_src, E, "colptr", "row");
 
-      // 1. delta per destination; validates the CSR (the last pass reads it).
-      at::parallel_for(0, N_dst, cpu::grain_size(N_dst, N_dst, HD), [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-          cpu::check_range(rp[i], rp[i + 1], E, "rowptr", i);
-          for (int64_t e = rp[i]; e < rp[i + 1]; ++e) cpu::check_index_value(cp[e], N_src, "col", e);
-          for (int64_t h = 0; h < H; ++h) {
-            const scalar_t* g = gop + i * HD + h * D;
-            const scalar_t* o = outp + i * HD + h * D;
-            acc_t dot = 0;
-            if (bp == nullptr) {
-              for (int64_t d = 0; d < D; ++d)
-                dot += static_cast<acc_t>(g[d]) * static_cast<acc_t>(o[d]);
-            } else {  // the attention output: out - bias, in acc_t
-              const scalar_t* b = bp + h * D;
-              for (int64_t d = 0; d < D; ++d)
-                dot += static_cast<acc_t>(g[d]) *
-                       (static_cast<acc_t>(o[d]) - static_cast<acc_t>(b[d]));
-            }
-            dp[i * H + h] = dot;
-          }
-        }
-      });
+      const bool has_dropout = dropout_p > 0.0;
 
-      // 2. Sources over the CSC: grad_x, grad_s_src and gz.
-      at::parallel_for(0, N_src, cpu::grain_size(N_src, E, HD), [&](int64_t begin, int64_t end) {
-        std::vector<acc_t> acc_x(HD), acc_s(H), src(H);
-        for (int64_t j = begin; j < end; ++j) {
-          std::fill(acc_x.begin(), acc_x.end(), acc_t(0));
-          std::fill(acc_s.begin(), acc_s.end(), acc_t(0));
-          for (int64_t h = 0; h < H; ++h) src[h] = static_cast<acc_t>(ssp[j * H + h]);
-          const index_t lo = ccp[j], hi = ccp[j + 1];
-          cpu::check_range(lo, hi, E, "colptr", j);
-          const scalar_t* xr = xp + j * HD;
-          for (int64_t k = lo; k < hi; ++k) {
-            const index_t i = rwp[k], e = pp[k];
-            cpu::check_index_value(i, N_dst, "row", k);
-            cpu::check_index_value(e, E, "perm", k);
-            const scalar_t* g = gop + static_cast<int64_t>(i) * HD;
-            unsigned kept = 0;  // dropout bits of heads h .. h + 3 (one Philox call)
+      cpu::with_width(D, [&](auto width) {
+        // 1. delta per destination; validates the CSR (the last pass reads it).
+        cpu::parallel_rows(rp, N_dst, [&](int64_t begin, int64_t end) CPU_KERNEL_INLINE_LAMBDA {
+          std::vector<scalar_t> attention(width);
+          for (int64_t i = begin; i < end; ++i) {
+            cpu::check_range(rp[i], rp[i + 1], E, "rowptr", i);
+            for (int64_t e = rp[i]; e < rp[i + 1]; ++e) {
+              cpu::check_index_value(cp[e], N_src, "col", e);
+            }
             for (int64_t h = 0; h < H; ++h) {
-              if ((h & 3) == 0) kept = rng.keep4(e, h >> 2);
-              acc_t z = src[h] + static_cast<acc_t>(sdp[i * H + h]);
-              if (has_edge) z += static_cast<acc_t>(sep[e * H + h]);
-              const acc_t alpha = std::exp(leaky_relu(z, slope) - lp[i * H + h]);
-              // m * dot; 0 for a dropped element (whose dot is not needed).
-              acc_t m_dot = 0;
-              if ((kept >> (h & 3)) & 1u) {
-                const acc_t w = alpha * keep_scale;  // alpha * m
-                const scalar_t* gh = g + h * D;
-                const scalar_t* xh = xr + h * D;
-                acc_t* a = acc_x.data() + h * D;
+              const scalar_t* g = gop + i * HD + h * width;
+              const scalar_t* o = outp + i * HD + h * width;
+              if (bp == nullptr) {
+                dp[i * H + h] = cpu::dot<acc_t>(g, o, int64_t(width));
+              } else {  // the attention output: out - bias, in acc_t
+                const scalar_t* b = bp + h * width;
                 acc_t dot = 0;
-                for (int64_t d = 0; d < D; ++d) {
-                  const acc_t gd = static_cast<acc_t>(gh[d]);
-                  a[d] += w * gd;
-                  dot += gd * static_cast<acc_t>(xh[d]);
+                for (int64_t d = 0; d < width; ++d) {
+                  dot += static_cast<acc_t>(g[d]) *
+                         (static_cast<acc_t>(o[d]) - static_cast<acc_t>(b[d]));
                 }
-                m_dot = keep_scale * dot;
+                dp[i * H + h] = dot;
               }
-              acc_t grad_l = m_dot - dp[i * H + h];
-              if (glp != nullptr) grad_l += glp[i * H + h];
-              const acc_t grad_z = alpha * grad_l * (z > acc_t(0) ? acc_t(1) : slope);
-              acc_s[h] += grad_z;
-              gzp[static_cast<int64_t>(e) * H + h] = grad_z;
             }
           }
-          scalar_t* gx = gxp + j * HD;
-          for (int64_t f = 0; f < HD; ++f) gx[f] = static_cast<scalar_t>(acc_x[f]);
-          for (int64_t h = 0; h < H; ++h) gsp[j * H + h] = static_cast<scalar_t>(acc_s[h]);
-        }
+        });
+
+        // 2. Sources over the CSC: grad_x, grad_s_src and gz.
+        cpu::parallel_rows(ccp, N_src, [&](int64_t begin, int64_t end) CPU_KERNEL_INLINE_LAMBDA {
+          std::vector<acc_t> acc_x(HD), acc_s(H), src(H);
+          for (int64_t j = begin; j < end; ++j) {
+            std::fill(acc_x.begin(), acc_x.end(), acc_t(0));
+            std::fill(acc_s.begin(), acc_s.end(), acc_t(0));
+            for (int64_t h = 0; h < H; ++h) src[h] = static_cast<acc_t>(ssp[j * H + h]);
+            const index_t lo = ccp[j], hi = ccp[j + 1];
+            cpu::check_range(lo, hi, E, "colptr", j);
+            const scalar_t* xr = xp + j * HD;
+            for (int64_t k = lo; k < hi; ++k) {
+              const index_t i = rwp[k], e = pp[k];
+              cpu::check_index_value(i, N_dst, "row", k);
+              cpu::check_index_value(e, E, "perm", k);
+              cpu::prefetch_source(gop, rwp, k, E, N_dst, HD);
+              const scalar_t* g = gop + static_cast<int64_t>(i) * HD;
+              unsigned kept = 0xFu;  // dropout bits of heads h .. h + 3 (one Philox call)
+              for (int64_t h = 0; h < H; ++h) {
+                if (has_dropout && (h & 3) == 0) kept = rng.keep4(e, h >> 2);
+                acc_t z = src[h] + static_cast<acc_t>(sdp[i * H + h]);
+                if (has_edge) z += static_cast<acc_t>(sep[e * H + h]);
+                const acc_t alpha = std::exp(leaky_relu(z, slope) - lp[i * H + h]);
+                // m * dot; 0 for a dropped element (whose dot is not needed).
+                acc_t m_dot = 0;
+                if ((kept >> (h & 3)) & 1u) {
+                  const scalar_t* gh = g + h * width;
+                  cpu::axpy(acc_x.data() + h * width, alpha * keep_scale, gh, int64_t(width));
+                  m_dot = keep_scale * cpu::dot<acc_t>(gh, xr + h * width, int64_t(width));
+                }
+                acc_t grad_l = m_dot - dp[i * H + h];
+                if (glp != nullptr) grad_l += glp[i * H + h];
+                const acc_t grad_z = alpha * grad_l * (z > acc_t(0) ? acc_t(1) : slope);
+                acc_s[h] += grad_z;
+                gzp[static_cast<int64_t>(e) * H + h] = grad_z;
+              }
+            }
+            cpu::store_row(gxp + j * HD, acc_x.data(), acc_t(1), static_cast<const acc_t*>(nullptr),
+                           HD);
+            for (int64_t h = 0; h < H; ++h) gsp[j * H + h] = static_cast<scalar_t>(acc_s[h]);
+          }
+        });
       });
 
       // 3. Destinations over the CSR: grad_s_dst[i] = sum of the row's gz.
-      at::parallel_for(0, N_dst, cpu::grain_size(N_dst, E, H), [&](int64_t begin, int64_t end) {
+      cpu::parallel_rows(rp, N_dst, [&](int64_t begin, int64_t end) CPU_KERNEL_INLINE_LAMBDA {
         std::vector<acc_t> acc(H);
         for (int64_t i = begin; i < end; ++i) {
           std::fill(acc.begin(), acc.end(), acc_t(0));

@@ -1,6 +1,6 @@
 // Helpers shared by the CPU kernels (multihead_spmm.cpp, gat_attention.cpp):
-// the parallel grain and the graph checks that make malformed CSR / CSC
-// inputs raise instead of reading out of bounds.
+// the graph checks that make malformed CSR / CSC inputs raise instead of
+// reading out of bounds.
 #pragma once
 
 #include <c10/util/Exception.h>
@@ -10,13 +10,6 @@
 
 namespace pyg_multihead_agg {
 namespace cpu {
-
-// Rows per task: about 32K multiply-adds per chunk.
-inline int64_t grain_size(int64_t num_rows, int64_t edges, int64_t row_width) {
-  const int64_t per_row =
-      std::max<int64_t>(1, (edges / std::max<int64_t>(num_rows, 1)) * row_width);
-  return std::max<int64_t>(1, 32768 / per_row);
-}
 
 // Row i's pointer range must be non-decreasing and inside [0, num_edges].
 template <typename index_t>

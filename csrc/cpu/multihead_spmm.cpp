@@ -1,5 +1,6 @@
-// CPU kernels of the multihead_spmm family: rows in parallel (at::parallel_for),
-// all heads of an edge together, float32 accumulation for half types. Every
+// CPU kernels of the multihead_spmm family: rows in parallel, split by work
+// (loops.h), all heads of an edge in one contiguous pass over its source row,
+// vectorised over the channels, float32 accumulation for half types. Every
 // index is bounds-checked, so malformed graphs raise instead of reading out of
 // bounds.
 #include <ATen/Dispatch.h>
@@ -15,6 +16,7 @@
 
 #include "../checks.h"
 #include "graph_checks.h"
+#include "loops.h"
 
 namespace pyg_multihead_agg {
 namespace {
@@ -22,7 +24,6 @@ namespace {
 using cpu::check_ends;
 using cpu::check_index_value;
 using cpu::check_range;
-using cpu::grain_size;
 
 at::Tensor multihead_spmm_cpu(const at::Tensor& rowptr, const at::Tensor& col,
                               const at::Tensor& weight, const at::Tensor& x,
@@ -50,26 +51,27 @@ at::Tensor multihead_spmm_cpu(const at::Tensor& rowptr, const at::Tensor& col,
       const scalar_t* xp = x_c.data_ptr<scalar_t>();
       scalar_t* op = out.data_ptr<scalar_t>();
       check_ends(rp, N_dst, E, "rowptr", "col");
-      at::parallel_for(0, N_dst, grain_size(N_dst, E, HD), [&](int64_t begin, int64_t end) {
-        std::vector<acc_t> acc(HD);
-        for (int64_t i = begin; i < end; ++i) {
-          std::fill(acc.begin(), acc.end(), acc_t(0));
-          const index_t lo = rp[i], hi = rp[i + 1];
-          check_range(lo, hi, E, "rowptr", i);
-          for (int64_t e = lo; e < hi; ++e) {
-            const index_t j = cp[e];
-            check_index_value(j, N_src, "col", e);
-            const scalar_t* xr = xp + j * HD;
-            for (int64_t h = 0; h < H; ++h) {
-              const acc_t w = static_cast<acc_t>(wp[e * H + h]);
-              acc_t* a = acc.data() + h * D;
-              const scalar_t* xh = xr + h * D;
-              for (int64_t d = 0; d < D; ++d) a[d] += w * static_cast<acc_t>(xh[d]);
+      cpu::with_width(D, [&](auto width) {
+        cpu::parallel_rows(rp, N_dst, [&](int64_t begin, int64_t end) CPU_KERNEL_INLINE_LAMBDA {
+          std::vector<acc_t> acc(HD);
+          for (int64_t i = begin; i < end; ++i) {
+            std::fill(acc.begin(), acc.end(), acc_t(0));
+            const index_t lo = rp[i], hi = rp[i + 1];
+            check_range(lo, hi, E, "rowptr", i);
+            for (int64_t e = lo; e < hi; ++e) {
+              const index_t j = cp[e];
+              check_index_value(j, N_src, "col", e);
+              cpu::prefetch_source(xp, cp, e, E, N_src, HD);
+              const scalar_t* xr = xp + j * HD;
+              for (int64_t h = 0; h < H; ++h) {
+                cpu::axpy(acc.data() + h * width, static_cast<acc_t>(wp[e * H + h]),
+                          xr + h * width, int64_t(width));
+              }
             }
+            cpu::store_row(op + i * HD, acc.data(), acc_t(1), static_cast<const acc_t*>(nullptr),
+                           HD);
           }
-          scalar_t* o = op + i * HD;
-          for (int64_t f = 0; f < HD; ++f) o[f] = static_cast<scalar_t>(acc[f]);
-        }
+        });
       });
     });
   });
@@ -106,37 +108,38 @@ std::tuple<at::Tensor, at::Tensor> multihead_spmm_backward_csc_cpu(
       scalar_t* gxp = need_grad_x ? grad_x.data_ptr<scalar_t>() : nullptr;
       scalar_t* gwp = need_grad_weight ? grad_weight.data_ptr<scalar_t>() : nullptr;
       check_ends(cp, N_src, E, "colptr", "row");
-      at::parallel_for(0, N_src, grain_size(N_src, E, HD), [&](int64_t begin, int64_t end) {
-        std::vector<acc_t> acc(HD);
-        for (int64_t j = begin; j < end; ++j) {
-          std::fill(acc.begin(), acc.end(), acc_t(0));
-          const index_t lo = cp[j], hi = cp[j + 1];
-          check_range(lo, hi, E, "colptr", j);
-          for (int64_t k = lo; k < hi; ++k) {
-            const index_t i = rp[k], e = pp[k];
-            check_index_value(i, N_dst, "row", k);
-            check_index_value(e, E, "perm", k);
-            const scalar_t* g = gp + i * HD;
-            for (int64_t h = 0; h < H; ++h) {
-              const scalar_t* gh = g + h * D;
-              if (need_grad_x) {
-                const acc_t w = static_cast<acc_t>(wp[e * H + h]);
-                acc_t* a = acc.data() + h * D;
-                for (int64_t d = 0; d < D; ++d) a[d] += w * static_cast<acc_t>(gh[d]);
-              }
-              if (need_grad_weight) {
-                const scalar_t* xh = xp + j * HD + h * D;
-                acc_t dot = 0;
-                for (int64_t d = 0; d < D; ++d) dot += static_cast<acc_t>(gh[d]) * static_cast<acc_t>(xh[d]);
-                gwp[e * H + h] = static_cast<scalar_t>(dot);
+      cpu::with_width(D, [&](auto width) {
+        cpu::parallel_rows(cp, N_src, [&](int64_t begin, int64_t end) CPU_KERNEL_INLINE_LAMBDA {
+          std::vector<acc_t> acc(HD);
+          for (int64_t j = begin; j < end; ++j) {
+            std::fill(acc.begin(), acc.end(), acc_t(0));
+            const index_t lo = cp[j], hi = cp[j + 1];
+            check_range(lo, hi, E, "colptr", j);
+            const scalar_t* xr = need_grad_weight ? xp + j * HD : nullptr;
+            for (int64_t k = lo; k < hi; ++k) {
+              const index_t i = rp[k], e = pp[k];
+              check_index_value(i, N_dst, "row", k);
+              check_index_value(e, E, "perm", k);
+              cpu::prefetch_source(gp, rp, k, E, N_dst, HD);
+              const scalar_t* g = gp + i * HD;
+              for (int64_t h = 0; h < H; ++h) {
+                const scalar_t* gh = g + h * width;
+                if (need_grad_x) {
+                  cpu::axpy(acc.data() + h * width, static_cast<acc_t>(wp[e * H + h]), gh,
+                            int64_t(width));
+                }
+                if (need_grad_weight) {
+                  gwp[e * H + h] =
+                      static_cast<scalar_t>(cpu::dot<acc_t>(gh, xr + h * width, int64_t(width)));
+                }
               }
             }
+            if (need_grad_x) {
+              cpu::store_row(gxp + j * HD, acc.data(), acc_t(1),
+                             static_cast<const acc_t*>(nullptr), HD);
+            }
           }
-          if (need_grad_x) {
-            scalar_t* o = gxp + j * HD;
-            for (int64_t f = 0; f < HD; ++f) o[f] = static_cast<scalar_t>(acc[f]);
-          }
-        }
+        });
       });
     });
   });
@@ -206,23 +209,24 @@ at::Tensor multihead_sddmm_cpu(const at::Tensor& rowptr, const at::Tensor& col, 
       const scalar_t* bp = b_c.data_ptr<scalar_t>();
       scalar_t* op = out.data_ptr<scalar_t>();
       check_ends(rp, N_dst, E, "rowptr", "col");
-      at::parallel_for(0, N_dst, grain_size(N_dst, E, HD), [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-          const index_t lo = rp[i], hi = rp[i + 1];
-          check_range(lo, hi, E, "rowptr", i);
-          const scalar_t* ar = ap + i * HD;
-          for (int64_t e = lo; e < hi; ++e) {
-            const index_t j = cp[e];
-            check_index_value(j, N_src, "col", e);
-            const scalar_t* br = bp + j * HD;
-            for (int64_t h = 0; h < H; ++h) {
-              acc_t dot = 0;
-              for (int64_t d = 0; d < D; ++d)
-                dot += static_cast<acc_t>(ar[h * D + d]) * static_cast<acc_t>(br[h * D + d]);
-              op[e * H + h] = static_cast<scalar_t>(dot);
+      cpu::with_width(D, [&](auto width) {
+        cpu::parallel_rows(rp, N_dst, [&](int64_t begin, int64_t end) CPU_KERNEL_INLINE_LAMBDA {
+          for (int64_t i = begin; i < end; ++i) {
+            const index_t lo = rp[i], hi = rp[i + 1];
+            check_range(lo, hi, E, "rowptr", i);
+            const scalar_t* ar = ap + i * HD;
+            for (int64_t e = lo; e < hi; ++e) {
+              const index_t j = cp[e];
+              check_index_value(j, N_src, "col", e);
+              cpu::prefetch_source(bp, cp, e, E, N_src, HD);
+              const scalar_t* br = bp + j * HD;
+              for (int64_t h = 0; h < H; ++h) {
+                op[e * H + h] = static_cast<scalar_t>(
+                    cpu::dot<acc_t>(ar + h * width, br + h * width, int64_t(width)));
+              }
             }
           }
-        }
+        });
       });
     });
   });

@@ -1,6 +1,6 @@
 // Launch choices of the fused GAT attention, as code, each with the reason
 // for its default. Every choice a test must be able to force consults the
-// test hook first (utils/path_overrides.h: -1 there means "decide here").
+// test hook first (csrc/path_overrides.h: -1 there means "decide here").
 // Measurements: H200, docs/gat_attention.md and docs/performance.md.
 #pragma once
 
@@ -9,7 +9,7 @@
 
 #include "../utils/config.cuh"
 #include "../utils/dispatch.cuh"
-#include "../utils/path_overrides.h"
+#include "../../path_overrides.h"
 #include "../utils/work_list.cuh"
 
 namespace pyg_multihead_agg {

@@ -1,6 +1,6 @@
 // Launch choices of the multihead_spmm family, as code, each with the reason
 // for its default. Every choice a test must be able to force consults the
-// test hook first (utils/path_overrides.h: -1 there means "decide here").
+// test hook first (csrc/path_overrides.h: -1 there means "decide here").
 // Shape and alignment conditions that a kernel needs in order to apply at all
 // stay with its launcher; these functions only choose among kernels that
 // apply. Measurements: H200, docs/multihead_spmm.md and docs/performance.md.
@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "../utils/config.cuh"
-#include "../utils/path_overrides.h"
+#include "../../path_overrides.h"
 #include "../utils/work_list.cuh"
 
 namespace pyg_multihead_agg {

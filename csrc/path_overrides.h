@@ -1,12 +1,12 @@
 // A private test hook: forces a kernel path that a launch heuristic
-// (spmm/heuristics.cuh, attention/heuristics.cuh) would otherwise choose, so
-// that tests cover every path on any graph. Set only through the private
+// (cuda/spmm/heuristics.cuh, cuda/attention/heuristics.cuh, the CPU kernels'
+// ISA choice in cpu/loops.h) would otherwise choose, so that tests cover every
+// path on any graph and machine. Set only through the private
 // operator pyg_multihead_agg::_set_kernel_path (csrc/ops.cpp), which
 // pyg_multihead_agg/_testing.py wraps as `force_kernel_path`. Every path
 // starts at -1: use the heuristic.
 //
-// Plain C++ without CUDA, compiled into every build, so that a CPU-only
-// build accepts the operator too (it has no kernel to steer).
+// Plain C++ without CUDA, compiled into every build.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +21,7 @@ enum class KernelPath : int {
   kSortFetch,    // 2-byte spmm kernels sort a warp's fetch of short rows by degree: 0 / 1
   kOnepassMin,   // fused forward: rows of more entries take the one-pass path (>= 0)
   kSliceLen,     // sliced passes: rows longer than this are cut into slices of it (>= 1)
+  kCpuAvx2,      // CPU kernels: the baseline ISA (0) or AVX2 and FMA (1, where the CPU has them)
   kCount,
 };
 

@@ -30,6 +30,7 @@ constexpr std::array<PathInfo, static_cast<size_t>(KernelPath::kCount)> kPaths{{
     {"sort_fetch", 0, 1},
     {"onepass_min", 0, kNoLimit},
     {"slice_len", 1, kNoLimit},
+    {"cpu_avx2", 0, 1},
 }};
 
 std::atomic<int64_t>* values() {
