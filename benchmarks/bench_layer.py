@@ -345,7 +345,7 @@ def report(rows: List[Row], notes: List[str], meta, args, device: torch.device) 
                 "whichever is larger: "
                 + ", ".join(f"{str(k).replace('torch.', '')} {v:g}" for k, v in TOLERANCE.items())
                 + f". {meta['compile']}.\n\n" + "\n".join(notes))
-    compiled = [f"- {r.shape} {r.dtype} {r.method}: first call {r.extra['first_call_s']} s, "
+    compiled = [f"- {r.shape} {r.dtype} {r.method}: first call took {r.extra['first_call_s']} s, "
                 f"{r.extra['graphs_compiled']} graph(s), {r.extra['graph_breaks']} graph break(s)"
                 for r in rows if "graphs_compiled" in r.extra]
     if compiled:
