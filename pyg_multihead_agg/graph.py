@@ -140,8 +140,9 @@ def check_perm_inv(perm_inv: Tensor, perm: Tensor) -> None:
 
 def _ptr(sorted_index: Tensor, size: int) -> Tensor:
     # Compressed pointers of a sorted index: searchsorted rather than
-    # index2ptr, whose CUDA kernel writes out of bounds for an index value
-    # past `size` (a malformed graph must not corrupt memory).
+    # index2ptr (torch's _convert_indices_from_coo_to_csr), which assumes
+    # every value lies below `size`; a traced conversion checks nothing, and
+    # a malformed graph must give a wrong CSR, never a write out of bounds.
     bounds = torch.arange(size + 1, dtype=sorted_index.dtype, device=sorted_index.device)
     return torch.searchsorted(sorted_index, bounds, out_int32=sorted_index.dtype == torch.int32)
 
@@ -183,14 +184,11 @@ def invert_perm(perm: Tensor) -> Tensor:
                                                       dtype=perm.dtype))
 
 
-def _fits_int32(*sizes: int) -> bool:
-    return all(s <= _INT32_MAX for s in sizes)
-
-
 def _index_dtype(device: torch.device, *sizes: int) -> torch.dtype:
     # int32 on CUDA where every value fits: the kernels' int32 path loads the
     # next step's indices ahead and moves half the index bytes (docs/performance.md).
-    return torch.int32 if device.type == "cuda" and _fits_int32(*sizes) else torch.int64
+    fits = all(size <= _INT32_MAX for size in sizes)
+    return torch.int32 if device.type == "cuda" and fits else torch.int64
 
 
 # ---------------------------------------------------------------------------
@@ -544,46 +542,36 @@ def prepare(adj, num_src: int, num_dst: int, *, self_loops: Optional[int] = None
     if isinstance(attached, _Attached) and (attached.loops is None) == (self_loops is None):
         return attached.graph
     compiling = is_compiling()
+    run = _outside_graph if _untraceable(adj) else _in_graph
     key = (num_src, num_dst, self_loops)
     graph = None if compiling else _cache_get(adj, key)
     if graph is None:
-        exact = not compiling and _INDEX_CHECK[0]
-        graph = _build_maybe_outside(adj, num_src, num_dst, self_loops, exact)
+        exact = (not compiling or run is _outside_graph) and _INDEX_CHECK[0]
+        graph = run(_build, adj, num_src, num_dst, self_loops, exact)
     elif not need_csc or graph.csc is not None:
         return graph
     if need_csc and graph.csc is None:
-        graph = _with_csc_maybe_outside(graph, adj, num_src)
+        graph = run(_with_csc, graph, adj, num_src)
     if not compiling:
         _cache_put(adj, key, graph)
     return graph
 
 
-def _traceable(adj) -> bool:
-    # Dynamo cannot wrap torch.sparse tensors (SparseTensor traces through
-    # its cached index tensors).
-    return not (isinstance(adj, Tensor) and (adj.is_sparse or adj.layout == torch.sparse_csr))
+def _untraceable(adj) -> bool:
+    # Under torch.compile, Dynamo cannot wrap torch.sparse tensors
+    # (SparseTensor traces through its cached index tensors).
+    return is_compiling() and isinstance(adj, Tensor) and (
+        adj.is_sparse or adj.layout == torch.sparse_csr)
 
 
-def _build_maybe_outside(adj, num_src, num_dst, loops, exact) -> Graph:
-    if is_compiling() and not _traceable(adj):
-        return _build_outside(adj, num_src, num_dst, loops)
-    return _build(adj, num_src, num_dst, loops, exact)
-
-
-def _with_csc_maybe_outside(graph, adj, num_src) -> Graph:
-    if is_compiling() and not _traceable(adj):
-        return _with_csc_outside(graph, adj, num_src)
-    return _with_csc(graph, adj, num_src)
+def _in_graph(fn, *args):
+    return fn(*args)
 
 
 @torch.compiler.disable
-def _build_outside(adj, num_src, num_dst, loops) -> Graph:
-    return _build(adj, num_src, num_dst, loops, exact=True)
-
-
-@torch.compiler.disable
-def _with_csc_outside(graph, adj, num_src) -> Graph:
-    return _with_csc(graph, adj, num_src)
+def _outside_graph(fn, *args):
+    # fn(*args) eagerly, outside the compiled graph (one graph break).
+    return fn(*args)
 
 
 def loop_attr(adj, edge_attr: Tensor, num_nodes: int,

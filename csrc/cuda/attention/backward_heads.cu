@@ -59,14 +59,7 @@ void launch_gat_backward_heads(GatParams<scalar_t, index_t> p, const scalar_t* o
 #define INSTANTIATE(scalar_t, index_t) \
   template void launch_gat_backward_heads<scalar_t, index_t>( \
       GatParams<scalar_t, index_t>, const scalar_t*, const HeadConfig&, const at::TensorOptions&);
-INSTANTIATE(at::Half, int32_t)
-INSTANTIATE(at::Half, int64_t)
-INSTANTIATE(at::BFloat16, int32_t)
-INSTANTIATE(at::BFloat16, int64_t)
-INSTANTIATE(float, int32_t)
-INSTANTIATE(float, int64_t)
-INSTANTIATE(double, int32_t)
-INSTANTIATE(double, int64_t)
+FOR_EACH_FLOAT_AND_INDEX(INSTANTIATE)
 #undef INSTANTIATE
 
 }  // namespace pyg_multihead_agg

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "../utils/dispatch.cuh"
 #include "forward_rows_launch.cuh"
 
 namespace pyg_multihead_agg {
@@ -12,10 +13,7 @@ namespace pyg_multihead_agg {
 #define INSTANTIATE(scalar_t, index_t) \
   template void launch_gat_forward_rows<scalar_t, index_t>( \
       GatParams<scalar_t, index_t>, const RowConfig&, const at::TensorOptions&);
-INSTANTIATE(at::Half, int32_t)
-INSTANTIATE(at::Half, int64_t)
-INSTANTIATE(at::BFloat16, int32_t)
-INSTANTIATE(at::BFloat16, int64_t)
+FOR_EACH_HALF_TYPE_AND_INDEX(INSTANTIATE)
 #undef INSTANTIATE
 
 }  // namespace pyg_multihead_agg

@@ -2,6 +2,7 @@
 // float32 and float64.
 #include <cstdint>
 
+#include "../utils/dispatch.cuh"
 #include "forward_rows_launch.cuh"
 
 namespace pyg_multihead_agg {
@@ -9,10 +10,7 @@ namespace pyg_multihead_agg {
 #define INSTANTIATE(scalar_t, index_t) \
   template void launch_gat_forward_rows<scalar_t, index_t>( \
       GatParams<scalar_t, index_t>, const RowConfig&, const at::TensorOptions&);
-INSTANTIATE(float, int32_t)
-INSTANTIATE(float, int64_t)
-INSTANTIATE(double, int32_t)
-INSTANTIATE(double, int64_t)
+FOR_EACH_FULL_TYPE_AND_INDEX(INSTANTIATE)
 #undef INSTANTIATE
 
 }  // namespace pyg_multihead_agg

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "../utils/dispatch.cuh"
 #include "../utils/config.cuh"
 #include "../utils/index.cuh"
 #include "../utils/sum_slices.cuh"
@@ -187,14 +188,7 @@ void launch_gat_row_sums(const GatParams<scalar_t, index_t>& p, scalar_t* grad_d
 #define INSTANTIATE(scalar_t, index_t) \
   template void launch_gat_row_sums<scalar_t, index_t>( \
       const GatParams<scalar_t, index_t>&, scalar_t*, const index_t*, const at::TensorOptions&);
-INSTANTIATE(at::Half, int32_t)
-INSTANTIATE(at::Half, int64_t)
-INSTANTIATE(at::BFloat16, int32_t)
-INSTANTIATE(at::BFloat16, int64_t)
-INSTANTIATE(float, int32_t)
-INSTANTIATE(float, int64_t)
-INSTANTIATE(double, int32_t)
-INSTANTIATE(double, int64_t)
+FOR_EACH_FLOAT_AND_INDEX(INSTANTIATE)
 #undef INSTANTIATE
 
 }  // namespace pyg_multihead_agg

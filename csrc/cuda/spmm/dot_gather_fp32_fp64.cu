@@ -1,6 +1,7 @@
 // try_launch_dot_gather and its dot_gather_kernel instances for float32 and float64.
 #include <cstdint>
 
+#include "../utils/dispatch.cuh"
 #include "dot_gather_launch.cuh"
 
 namespace pyg_multihead_agg {
@@ -8,10 +9,7 @@ namespace pyg_multihead_agg {
 #define INSTANTIATE(scalar_t, index_t) \
   template bool try_launch_dot_gather<scalar_t, index_t>( \
       DotParams<scalar_t, index_t>, const at::TensorOptions&);
-INSTANTIATE(float, int32_t)
-INSTANTIATE(float, int64_t)
-INSTANTIATE(double, int32_t)
-INSTANTIATE(double, int64_t)
+FOR_EACH_FULL_TYPE_AND_INDEX(INSTANTIATE)
 #undef INSTANTIATE
 
 }  // namespace pyg_multihead_agg

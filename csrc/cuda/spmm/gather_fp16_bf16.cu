@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "../utils/dispatch.cuh"
 #include "gather_launch.cuh"
 
 namespace pyg_multihead_agg {
@@ -11,10 +12,7 @@ namespace pyg_multihead_agg {
 #define INSTANTIATE(scalar_t, index_t) \
   template void launch_gather<scalar_t, index_t>( \
       GatherParams<scalar_t, index_t>, const at::TensorOptions&);
-INSTANTIATE(at::Half, int32_t)
-INSTANTIATE(at::Half, int64_t)
-INSTANTIATE(at::BFloat16, int32_t)
-INSTANTIATE(at::BFloat16, int64_t)
+FOR_EACH_HALF_TYPE_AND_INDEX(INSTANTIATE)
 #undef INSTANTIATE
 
 }  // namespace pyg_multihead_agg

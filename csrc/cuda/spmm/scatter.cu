@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "../utils/dispatch.cuh"
 #include "../utils/config.cuh"
 #include "../utils/index.cuh"
 #include "../utils/lanes.cuh"
@@ -78,14 +79,7 @@ void launch_scatter(const index_t* rowptr, const index_t* col, const scalar_t* w
   template void launch_scatter<scalar_t, index_t>(                                        \
       const index_t*, const index_t*, const scalar_t*, const scalar_t*,                   \
       at::opmath_type<scalar_t>*, int64_t, int64_t, int64_t, int, int, const at::TensorOptions&);
-INSTANTIATE(at::Half, int32_t)
-INSTANTIATE(at::Half, int64_t)
-INSTANTIATE(at::BFloat16, int32_t)
-INSTANTIATE(at::BFloat16, int64_t)
-INSTANTIATE(float, int32_t)
-INSTANTIATE(float, int64_t)
-INSTANTIATE(double, int32_t)
-INSTANTIATE(double, int64_t)
+FOR_EACH_FLOAT_AND_INDEX(INSTANTIATE)
 #undef INSTANTIATE
 
 }  // namespace pyg_multihead_agg

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "../utils/dispatch.cuh"
 #include "../utils/config.cuh"
 #include "../utils/index.cuh"
 #include "../utils/lanes.cuh"
@@ -81,14 +82,7 @@ void launch_sddmm_generic(DotParams<scalar_t, index_t> p, const at::TensorOption
 #define INSTANTIATE(scalar_t, index_t)                   \
   template void launch_sddmm_generic<scalar_t, index_t>( \
       DotParams<scalar_t, index_t>, const at::TensorOptions&);
-INSTANTIATE(at::Half, int32_t)
-INSTANTIATE(at::Half, int64_t)
-INSTANTIATE(at::BFloat16, int32_t)
-INSTANTIATE(at::BFloat16, int64_t)
-INSTANTIATE(float, int32_t)
-INSTANTIATE(float, int64_t)
-INSTANTIATE(double, int32_t)
-INSTANTIATE(double, int64_t)
+FOR_EACH_FLOAT_AND_INDEX(INSTANTIATE)
 #undef INSTANTIATE
 
 }  // namespace pyg_multihead_agg

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "../utils/dispatch.cuh"
 #include "../utils/config.cuh"
 #include "../utils/sum_slices.cuh"
 #include "../utils/work_list.cuh"
@@ -84,14 +85,7 @@ bool try_launch_tc_dot_gather(const DotParams<scalar_t, index_t>& p,
 #define INSTANTIATE(scalar_t, index_t)                       \
   template bool try_launch_tc_dot_gather<scalar_t, index_t>( \
       const DotParams<scalar_t, index_t>&, const at::TensorOptions&);
-INSTANTIATE(at::Half, int32_t)
-INSTANTIATE(at::Half, int64_t)
-INSTANTIATE(at::BFloat16, int32_t)
-INSTANTIATE(at::BFloat16, int64_t)
-INSTANTIATE(float, int32_t)
-INSTANTIATE(float, int64_t)
-INSTANTIATE(double, int32_t)
-INSTANTIATE(double, int64_t)
+FOR_EACH_FLOAT_AND_INDEX(INSTANTIATE)
 #undef INSTANTIATE
 
 }  // namespace pyg_multihead_agg

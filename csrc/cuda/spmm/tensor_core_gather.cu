@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "../utils/dispatch.cuh"
 #include "../utils/config.cuh"
 #include "heuristics.cuh"
 #include "launchers.cuh"
@@ -47,14 +48,7 @@ bool try_launch_tc_gather(const GatherParams<scalar_t, index_t>& p, const WorkLi
 #define INSTANTIATE(scalar_t, index_t)                   \
   template bool try_launch_tc_gather<scalar_t, index_t>( \
       const GatherParams<scalar_t, index_t>&, const WorkList&);
-INSTANTIATE(at::Half, int32_t)
-INSTANTIATE(at::Half, int64_t)
-INSTANTIATE(at::BFloat16, int32_t)
-INSTANTIATE(at::BFloat16, int64_t)
-INSTANTIATE(float, int32_t)
-INSTANTIATE(float, int64_t)
-INSTANTIATE(double, int32_t)
-INSTANTIATE(double, int64_t)
+FOR_EACH_FLOAT_AND_INDEX(INSTANTIATE)
 #undef INSTANTIATE
 
 }  // namespace pyg_multihead_agg

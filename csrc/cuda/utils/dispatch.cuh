@@ -21,6 +21,15 @@
 
 #include <cstdint>
 
+// The explicit instantiations of a launcher: M(scalar_t, index_t) for each
+// index type and the 2-byte value types, the 4- and 8-byte ones, or all four
+// (M expands to one declaration, its semicolon included).
+#define FOR_EACH_INDEX(M, scalar_t) M(scalar_t, int32_t) M(scalar_t, int64_t)
+#define FOR_EACH_HALF_TYPE_AND_INDEX(M) FOR_EACH_INDEX(M, at::Half) FOR_EACH_INDEX(M, at::BFloat16)
+#define FOR_EACH_FULL_TYPE_AND_INDEX(M) FOR_EACH_INDEX(M, float) FOR_EACH_INDEX(M, double)
+#define FOR_EACH_FLOAT_AND_INDEX(M) \
+  FOR_EACH_HALF_TYPE_AND_INDEX(M) FOR_EACH_FULL_TYPE_AND_INDEX(M)
+
 // scalar_t: the value dtype (float16, bfloat16, float32, float64).
 #define FLOAT_SWITCH(DTYPE, NAME, ...)                                              \
   [&] {                                                                             \

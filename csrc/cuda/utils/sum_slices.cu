@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "config.cuh"
+#include "dispatch.cuh"
 #include "sum_slices.cuh"
 #include "vec.cuh"
 
@@ -181,14 +182,7 @@ void launch_sum_slices(const index_t* ptr, int64_t num_edges, const SliceList& s
   template void launch_sum_slices<scalar_t, index_t, at::opmath_type<scalar_t>>(                \
       const index_t*, int64_t, const SliceList&, const at::opmath_type<scalar_t>*, scalar_t*, int, \
       const at::opmath_type<scalar_t>*, scalar_t*, int);
-INSTANTIATE(at::Half, int32_t)
-INSTANTIATE(at::Half, int64_t)
-INSTANTIATE(at::BFloat16, int32_t)
-INSTANTIATE(at::BFloat16, int64_t)
-INSTANTIATE(float, int32_t)
-INSTANTIATE(float, int64_t)
-INSTANTIATE(double, int32_t)
-INSTANTIATE(double, int64_t)
+FOR_EACH_FLOAT_AND_INDEX(INSTANTIATE)
 #undef INSTANTIATE
 
 }  // namespace pyg_multihead_agg
