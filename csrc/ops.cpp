@@ -1,6 +1,7 @@
 // Every schema of the library, and nothing else. Kernels register themselves
 // next to their code (csrc/cpu/*.cpp, csrc/cuda/*/entry.cu); the fake (meta)
-// implementations and autograd live in pyg_multihead_agg/ops.py.
+// implementations and autograd live in pyg_multihead_agg/ops.py, except
+// gat_attention's autograd (csrc/autograd.cpp).
 #include <Python.h>
 #include <torch/library.h>
 

@@ -383,11 +383,15 @@ def _from_container(adj, num_src: int, num_dst: int) -> Optional[Graph]:
     return Graph(rowptr.to(dtype), col.to(dtype), None, None, None, num_dst)
 
 
-def _build(adj, num_src: int, num_dst: int, loops: Optional[int], exact: bool) -> Graph:
+def _build(adj, num_src: int, num_dst: int, loops: Optional[int], exact: bool,
+           need_csc: bool = False) -> Graph:
     """CSR of `adj` with self-loops as PyG adds them (`loops`: for that many
     nodes). `exact`: check the index range of an edge list and drop the
     caller's self-loops, with one host sync; otherwise (traced, or checks
-    off) nothing is checked and the caller's self-loops go to a spare row."""
+    off) nothing is checked and the caller's self-loops go to a spare row.
+    An exact build without self-loops also learns from that sync whether
+    the edge list is sorted by destination (the CSR is then its own order,
+    no sort) or by source (the CSC is, built here when `need_csc`)."""
     check = exact and not isinstance(adj, SparseTensor) and not (
         isinstance(adj, Tensor) and (adj.is_sparse or adj.layout == torch.sparse_csr))
     if loops is None and not check:
@@ -397,9 +401,14 @@ def _build(adj, num_src: int, num_dst: int, loops: Optional[int], exact: bool) -
     src, dst = edge_coordinates(adj)
     num_edges = src.numel()
     own_loops = 0
+    dst_sorted = src_sorted = False
     if exact:
-        # One host sync for the range check and the count of own self-loops.
+        # One host sync for the range check, the count of own self-loops and
+        # the sort orders.
+        orders = loops is None and check
         extra = [(src == dst).sum()] if loops is not None else []
+        if orders:
+            extra += [_non_decreasing(dst), _non_decreasing(src)]
         values = _checked(src, dst, num_src, num_dst, check, extra)
         if loops is not None:
             own_loops = values[0]
@@ -407,6 +416,8 @@ def _build(adj, num_src: int, num_dst: int, loops: Optional[int], exact: bool) -
             graph = _from_container(adj, num_src, num_dst)
             if graph is not None:
                 return graph
+            if orders:
+                dst_sorted, src_sorted = bool(values[0]), bool(values[1])
     device = src.device
     num_rows, total = num_dst, num_edges
     if loops is not None:
@@ -420,13 +431,30 @@ def _build(adj, num_src: int, num_dst: int, loops: Optional[int], exact: bool) -
         dst = torch.where(src == dst, torch.full_like(dst, num_dst), dst)
         nodes = torch.arange(loops, dtype=dtype, device=device)
         src, dst = torch.cat([src, nodes]), torch.cat([dst, nodes])
-    sorted_dst, edge_perm = torch.sort(dst, stable=True)
-    col, edge_perm = src[edge_perm], edge_perm.to(dtype)
-    rowptr = _ptr(sorted_dst, num_rows)
-    if exact and loops is not None:
-        kept = total - own_loops
-        rowptr, col, edge_perm = rowptr[:num_dst + 1], col[:kept], edge_perm[:kept]
-    return Graph(rowptr, col, None, None, edge_perm, num_dst)
+    if dst_sorted:
+        graph = Graph(_ptr(dst, num_rows), src, None, None, None, num_dst)
+    else:
+        sorted_dst, edge_perm = torch.sort(dst, stable=True)
+        col, edge_perm = src[edge_perm], edge_perm.to(dtype)
+        rowptr = _ptr(sorted_dst, num_rows)
+        if exact and loops is not None:
+            kept = total - own_loops
+            rowptr, col, edge_perm = rowptr[:num_dst + 1], col[:kept], edge_perm[:kept]
+        graph = Graph(rowptr, col, None, None, edge_perm, num_dst)
+    if need_csc and src_sorted:
+        # The caller's order is a CSC order: entry k is edge k, which sits
+        # at CSR position perm[k] (the inverse of edge_perm).
+        edge_perm = graph.edge_perm
+        identity = torch.arange(num_edges, dtype=dtype, device=device)
+        perm = identity if edge_perm is None else invert_perm(edge_perm)
+        perm_inv = (identity if edge_perm is None else edge_perm) if device.type == "cuda" \
+            else None
+        graph = graph._replace(csc=(_ptr(src, num_src), dst, perm), perm_inv=perm_inv)
+    return graph
+
+
+def _non_decreasing(index: Tensor) -> Tensor:
+    return (index[1:] >= index[:-1]).all()
 
 
 def _with_csc(graph: Graph, adj, num_src: int) -> Graph:
@@ -547,7 +575,7 @@ def prepare(adj, num_src: int, num_dst: int, *, self_loops: Optional[int] = None
     graph = None if compiling else _cache_get(adj, key)
     if graph is None:
         exact = (not compiling or run is _outside_graph) and _INDEX_CHECK[0]
-        graph = run(_build, adj, num_src, num_dst, self_loops, exact)
+        graph = run(_build, adj, num_src, num_dst, self_loops, exact, need_csc)
     elif not need_csc or graph.csc is not None:
         return graph
     if need_csc and graph.csc is None:
@@ -652,8 +680,9 @@ def prepare_adjacency(adj, num_nodes: Optional[int] = None, *,
             num_nodes = _num_nodes(adj)
         num_src = num_dst = num_nodes
     loops = min(num_src, num_dst) if add_self_loops else None
-    graph = _build(adj, num_src, num_dst, loops, exact=True)
-    graph = _with_csc(graph, adj, num_src)
+    graph = _build(adj, num_src, num_dst, loops, exact=True, need_csc=True)
+    if graph.csc is None:
+        graph = _with_csc(graph, adj, num_src)
     alias = copy.copy(adj)
     alias._pma_graph = _Attached(graph, loops)
     return alias

@@ -1,6 +1,7 @@
 """Python side of the operators: the wrapper, fake implementations and autograd.
 
-The schemas live in csrc/ops.cpp, the kernels in csrc/cpu and csrc/cuda.
+The schemas live in csrc/ops.cpp, the kernels in csrc/cpu and csrc/cuda,
+gat_attention's autograd in csrc/autograd.cpp.
 """
 from typing import Optional, Tuple
 
@@ -388,42 +389,8 @@ def _(rowptr, col, colptr, row, perm, s_src, s_dst, s_edge, x, out, lse, grad_ou
             x.new_empty(num_edges, x.size(1)))
 
 
-def _gat_setup_context(ctx, inputs, output):
-    (rowptr, col, s_src, s_dst, s_edge, x, negative_slope, dropout_p, philox, colptr, row,
-     perm, bias, perm_inv) = inputs
-    out, lse = output
-    ctx.negative_slope, ctx.dropout_p = negative_slope, dropout_p
-    ctx.num_src = x.size(0)
-    # out is the biased output (the one tensor of its size kept for the
-    # backward); the backward takes the attention output as out - bias.
-    ctx.save_for_backward(rowptr, col, s_src, s_dst, s_edge, x, philox, colptr, row, perm,
-                          out, lse, bias, perm_inv)
-
-
-def _gat_backward(ctx, grad_out, grad_lse):
-    (rowptr, col, s_src, s_dst, s_edge, x, philox, colptr, row, perm, out,
-     lse, bias, perm_inv) = ctx.saved_tensors
-    if grad_out is None:
-        grad_out = torch.zeros_like(out)
-    grad_bias = None
-    if bias is not None and ctx.needs_input_grad[12]:
-        # The sum over rows in at least float32 (half types would round every
-        # partial sum).
-        acc = torch.promote_types(grad_out.dtype, torch.float32)
-        grad_bias = grad_out.sum(0, dtype=acc).to(bias.dtype)
-    if not any(ctx.needs_input_grad[2:6]):  # only the bias needs a gradient
-        return (None,) * 12 + (grad_bias, None)
-    if colptr is None:
-        colptr, row, perm = csr_to_csc(rowptr, col, ctx.num_src)
-        perm_inv = None  # only with the caller's CSC
-    grad_x, grad_src, grad_dst, grad_edge = _ops.gat_attention_backward(
-        rowptr, col, colptr, row, perm, s_src, s_dst, s_edge, x, out, lse,
-        grad_out, grad_lse, ctx.negative_slope, ctx.dropout_p, philox, bias, perm_inv)
-    return (None, None, grad_src, grad_dst, grad_edge if s_edge is not None else None, grad_x,
-            None, None, None, None, None, None, grad_bias, None)
-
-
-torch.library.register_autograd("pyg_multihead_agg::gat_attention", _gat_backward,
-                                setup_context=_gat_setup_context)
+# gat_attention's autograd is C++ (csrc/autograd.cpp): a Python formula's
+# host time per call bounds the step of small graphs. Its backward op is not
+# differentiable.
 torch.library.register_autograd("pyg_multihead_agg::gat_attention_backward", _no_double_backward,
                                 setup_context=_no_double_backward_context)

@@ -22,7 +22,8 @@ from torch_geometric.utils import coalesce
 from pyg_multihead_agg import graph as graphs
 from pyg_multihead_agg.nn import GATConv
 
-PLAIN_KINDS = ["edge_index", "edge_index_sorted", "edge_index_by_row", "edge_index_unsorted"]
+PLAIN_KINDS = ["edge_index", "edge_index_by_col", "edge_index_sorted", "edge_index_by_row",
+               "edge_index_unsorted"]
 SPARSE_KINDS = [
     pytest.param("sparse_tensor", marks=pytest.mark.skipif(
         not WITH_TORCH_SPARSE, reason="needs torch_sparse")),
@@ -109,6 +110,8 @@ def make_adj(kind: str, edge_index, num_src: int, num_dst: int, index_dtype=torc
     shuffled = shuffled.to(src.device)
     if kind == "edge_index":
         return torch.stack([src, dst])[:, shuffled], shuffled
+    if kind == "edge_index_by_col":  # a plain edge list sorted by destination
+        return torch.stack([src, dst]), identity
     if kind == "edge_index_sorted":
         return EdgeIndex(torch.stack([src, dst]), sparse_size=(num_src, num_dst),
                          sort_order="col"), identity
@@ -148,7 +151,7 @@ def features(case, x_src, x_dst):
 
 
 def size_arg(case, kind):
-    return (case.num_src, case.num_dst) if kind == "edge_index" else None
+    return (case.num_src, case.num_dst) if kind in ("edge_index", "edge_index_by_col") else None
 
 
 def run(layer, case, kind, adj, x_src, x_dst, edge_attr, grad_seed=0):
@@ -246,7 +249,7 @@ def test_matches_pyg(case, kind, fused, dtype, device):
 
     ours = ours.to(device, dtype)
     ours.fused_attention = fused != "spmm"
-    ours.fold_scores = fused == "fold"
+    ours.fold_scores = fused == "fold"  # forced either way: the graphs here are small
     result = {}
     events = op_events(lambda: result.update(out_grads=run(
         ours, case, kind, adj, x_src.to(**to), x_dst.to(**to), ours_attr)))
@@ -872,3 +875,29 @@ def test_compile_sparse_tensor_with_self_loops():
 def test_compile_torch_sparse(kind, add_self_loops):
     # Dynamo cannot wrap sparse tensors: graph breaks around them, no fullgraph.
     compile_case(kind, add_self_loops, "aot_eager", fullgraph=False)
+
+
+def _grad_fn_names(t: torch.Tensor) -> set:
+    names, stack, seen = set(), [t.grad_fn], set()
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        names.add(type(fn).__name__)
+        stack.extend(next_fn for next_fn, _ in fn.next_functions)
+    return names
+
+
+@pytest.mark.parametrize("fold", [None, True, False])
+@pytest.mark.parametrize("num_nodes", [50, 1100])
+def test_score_fold_choice(fold, num_nodes):
+    # fold_scores None folds the scores into one GEMM only where that pays:
+    # here from N * H * C = 1100 * 128 (>= 2^17 on the CPU), not at 50 * 128.
+    conv = GATConv(128, 32, heads=4)
+    conv.fold_scores = fold
+    gen = torch.Generator().manual_seed(num_nodes)
+    x = torch.randn(num_nodes, 128, generator=gen)
+    edge_index = torch.randint(0, num_nodes, (2, 4 * num_nodes), generator=gen)
+    folded = "_FoldedScoresBackward" in _grad_fn_names(conv(x, edge_index))
+    assert folded == (fold if fold is not None else num_nodes == 1100)

@@ -18,7 +18,8 @@ from torch_geometric.utils import add_self_loops, remove_self_loops
 import pyg_multihead_agg as pma
 from pyg_multihead_agg import graph as graphs
 
-KINDS = ["edge_index", "edge_index_sorted", "edge_index_unsorted",
+KINDS = ["edge_index", "edge_index_by_dst", "edge_index_by_src", "edge_index_sorted",
+         "edge_index_unsorted",
          pytest.param("sparse_tensor", marks=pytest.mark.skipif(
              not WITH_TORCH_SPARSE, reason="needs torch_sparse")),
          "torch_csr", "torch_coo"]
@@ -37,10 +38,15 @@ def adjacency(kind, src, dst, num_src, num_dst):
     """The adjacency and the caller's edge order as (src, dst)."""
     if kind == "edge_index":
         return torch.stack([src, dst]), (src, dst)
+    if kind == "edge_index_by_src":  # a plain edge list sorted by source (as coalesce sorts)
+        order = torch.sort(src, stable=True).indices
+        return torch.stack([src[order], dst[order]]), (src[order], dst[order])
     if kind == "edge_index_unsorted":
         return EdgeIndex(torch.stack([src, dst]), sparse_size=(num_src, num_dst)), (src, dst)
     order = torch.sort(dst, stable=True).indices
     src, dst = src[order], dst[order]
+    if kind == "edge_index_by_dst":
+        return torch.stack([src, dst]), (src, dst)
     if kind == "edge_index_sorted":
         return EdgeIndex(torch.stack([src, dst]), sparse_size=(num_src, num_dst),
                          sort_order="col"), (src, dst)
@@ -94,8 +100,16 @@ def test_prepared_graph_is_the_looped_graph(kind, sizes, loops, exact, device):
     adj, (src, dst) = adjacency(kind, src, dst, num_src, num_dst)
     adj = adj.to(device)
     num_loops = None if loops is None else min(num_src, num_dst)
-    graph = graphs._build(adj, num_src, num_dst, num_loops, exact=exact)
-    graph = graphs._with_csc(graph, adj, num_src)
+    graph = graphs._build(adj, num_src, num_dst, num_loops, exact=exact, need_csc=True)
+    # An exact build without self-loops takes a sorted edge list's order as
+    # its CSR (by destination) or CSC (by source), without sorting.
+    in_order = exact and num_loops is None
+    if in_order and kind == "edge_index_by_dst":
+        assert graph.edge_perm is None
+    if in_order and kind == "edge_index_by_src":
+        assert graph.csc is not None and torch.equal(graph.csc[1].long().cpu(), dst)
+    if graph.csc is None:
+        graph = graphs._with_csc(graph, adj, num_src)
     assert triples(graph) == expected_triples(src, dst, num_loops)
     # The spare row (traced builds with self-loops) holds the caller's own
     # self-loops; the exact build has none.

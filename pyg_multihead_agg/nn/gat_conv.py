@@ -30,44 +30,83 @@ _HOOKS = ("propagate_forward_pre", "propagate_forward", "message_forward_pre", "
 
 
 class _FoldedScores(torch.autograd.Function):
-    """``x_in @ fold`` ([N, F] @ [F, k]) whose weight gradient ``x_in^T @ grad``
-    is summed over the N rows in chunks of 256, then over the chunks (a
-    batched GEMM and a reduction), in at least float32, instead of one GEMM
-    whose F * k dot products each run over all N rows. Measured on the H200
-    (bench_layer.py): the parameter gradients' error against float64 on
-    products-like went from 1.4e-6 to 9.2e-7; on
-    reddit-like it stayed at 7.8e-5, which comes from one logit on the other
-    side of leaky_relu's kink (see ``GATConv._scores``), not from this sum."""
+    """PyG's attention scores ``(lin(x_in).view(N, H, C) * att).sum(-1)`` for
+    every ``att`` (``[1, H, C]`` each) of one linear map ``lin`` without
+    bias, as one thin GEMM ``x_in @ fold`` ([N, F] @ [F, k * H]), where
+    ``fold[f, a, h] = sum_c weight[h * C + c, f] * atts[a][h, c]``: no
+    ``[N, H, C]`` product or its gradient. One autograd node for the fold,
+    the GEMM and their backward (the same arithmetic as autograd's, in at
+    least float32 for the sums over nodes), not one per view, einsum and
+    stack: each node costs host time in every step of a small graph. One or
+    two atts (a fixed signature, which torch.compile traces)."""
 
     @staticmethod
-    def forward(x_in: Tensor, fold: Tensor) -> Tensor:
+    def forward(x_in: Tensor, weight: Tensor, att: Tensor,
+                att_2: Optional[Tensor] = None) -> Tensor:
+        atts = (att,) if att_2 is None else (att, att_2)
+        H, C = att.size(-2), att.size(-1)
+        with torch.autocast(x_in.device.type, enabled=False):  # fold in the weights' dtype
+            fold = _fold(weight.view(H, C, -1), atts)
+        if not torch.is_autocast_enabled(x_in.device.type):
+            fold = fold.to(x_in.dtype)
         return x_in @ fold
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
-        ctx.save_for_backward(*inputs)
+        ctx.save_for_backward(*(t for t in inputs if t is not None))
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        x_in, fold = ctx.saved_tensors
-        grad_x = grad_fold = None
+        x_in, weight, *atts = ctx.saved_tensors
+        H, C = atts[0].size(-2), atts[0].size(-1)
+        w = weight.view(H, C, -1)
+        grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = (grad @ fold.t().to(grad.dtype)).to(x_in.dtype)
-        if ctx.needs_input_grad[1]:
-            acc = torch.promote_types(torch.promote_types(x_in.dtype, grad.dtype), torch.float32)
-            grad_fold = _chunked_at_b(x_in.to(acc), grad.to(acc)).to(fold.dtype)
-        return grad_x, grad_fold
+            grad_x = (grad @ _fold(w, atts).t().to(grad.dtype)).to(x_in.dtype)
+        if not any(ctx.needs_input_grad[1:]):
+            return grad_x, None, None, None
+        acc = torch.promote_types(torch.promote_types(x_in.dtype, grad.dtype), torch.float32)
+        # [H, k, F]: the gradient of fold, head-major.
+        grad_fold = (x_in.t().to(acc) @ grad.to(acc)).view(-1, len(atts), H).permute(2, 1, 0)
+        grad_w = grad_atts = None
+        if ctx.needs_input_grad[1]:  # [H, C, F] = sum over a of att[a, h, c] * grad_fold[h, a, f]
+            a = torch.stack([att.reshape(H, C) for att in atts], dim=1).to(acc)  # [H, k, C]
+            grad_w = torch.bmm(a.transpose(1, 2), grad_fold).view_as(weight).to(weight.dtype)
+        if any(ctx.needs_input_grad[2:]):  # [H, k, C] = grad_fold @ w^T per head
+            grad_a = torch.bmm(grad_fold, w.transpose(1, 2).to(acc))
+            grad_atts = tuple(grad_a[:, i].reshape(att.shape).to(att.dtype)
+                              if ctx.needs_input_grad[2 + i] else None
+                              for i, att in enumerate(atts))
+        grad_atts = grad_atts or (None,) * len(atts)
+        return (grad_x, grad_w) + grad_atts + (None,) * (2 - len(atts))
 
 
-def _chunked_at_b(a: Tensor, b: Tensor, chunk: int = 256) -> Tensor:
-    """a^T @ b for a [N, F] and b [N, k], summed over N by chunks of `chunk` rows."""
-    full = a.size(0) // chunk * chunk
-    out = a[full:].t() @ b[full:]
-    if full:
-        parts = torch.bmm(a[:full].view(-1, chunk, a.size(1)).transpose(1, 2),
-                          b[:full].view(-1, chunk, b.size(1)))
-        out = out + parts.sum(dim=0)
-    return out
+# The fold's heuristic: the node count times heads times channels from which
+# the fold pays, per device type (see _fold_pays).
+_FOLD_MIN_ELEMENTS = {"cuda": 1 << 23, "cpu": 1 << 17}
+
+
+def _fold_pays(x_in: Tensor, x_proj: Tensor) -> bool:
+    """Whether the scores take the fold (``_FoldedScores``) or PyG's products.
+    The fold reads ``x_in`` [N, F] about three times (forward GEMM, the two
+    backward GEMMs) where the products read and write ``x_proj`` [N, H, C]
+    about twelve times, but it costs a fixed host time per call: a Python
+    autograd node and four more GEMM calls (about 0.25 ms a layer step on
+    the H200's host, against 0.1 ms for the products' element-wise calls).
+    So it pays for wide enough inputs ``F <= 4 H C`` on large enough graphs:
+    on CUDA from ``N H C`` of 2^23 (the benchmark graphs, arxiv-like upwards;
+    Cora's epoch lost 3 ms to it), on the CPU, where an element-wise pass
+    costs far more next to a call, from 2^17."""
+    n, hc = x_proj.size(0), x_proj.size(1) * x_proj.size(2)
+    minimum = _FOLD_MIN_ELEMENTS.get(x_in.device.type, _FOLD_MIN_ELEMENTS["cuda"])
+    return x_in.size(1) <= 4 * hc and n * hc >= minimum
+
+
+def _fold(w: Tensor, atts: Tuple[Tensor, ...]) -> Tensor:
+    """[F, k * H]: w [H, C, F] summed against each att [.., H, C] per head."""
+    H, C = w.size(0), w.size(1)
+    a = torch.stack([att.reshape(H, C) for att in atts], dim=1)  # [H, k, C]
+    return torch.bmm(a, w).permute(2, 1, 0).reshape(w.size(2), -1)  # [H, k, F] -> [F, k*H]
 
 
 class GATConv(PyGGATConv):
@@ -188,8 +227,9 @@ class GATConv(PyGGATConv):
         super().__init__(*args, **kwargs)
         self.fused_attention = fused_attention
         # Fused path: attention scores as x @ (W folded with att), one thin
-        # GEMM (True), or PyG's (W x * att).sum(-1) (False); see _scores.
-        self.fold_scores = True
+        # GEMM (True), or PyG's (W x * att).sum(-1) (False), or whichever
+        # _fold_pays picks for the input (None); see _scores.
+        self.fold_scores: Optional[bool] = None
 
     # PyG's Inspector caches class sources by class name, so it would read
     # this class's source for the parent's "# propagate_type:" comments: state
@@ -286,20 +326,16 @@ class GATConv(PyGGATConv):
         # gradient is nonzero only through the kink, so one such edge moves
         # it by a whole term. Which edges flip depends on the order of the
         # arithmetic, not its precision. fold_scores = False restores PyG's
-        # products.
+        # products, True forces the fold, None (the default) asks _fold_pays.
         w = getattr(lin, "weight", None)
-        if (not getattr(self, "fold_scores", True)
+        fold = getattr(self, "fold_scores", None)
+        if (fold is False
                 or getattr(lin, "bias", None) is not None or not isinstance(w, Tensor)
                 or isinstance(w, torch.nn.parameter.UninitializedParameter)
-                or w.dim() != 2 or x_in.dim() != 2 or not x_in.is_floating_point()):
+                or w.dim() != 2 or x_in.dim() != 2 or not x_in.is_floating_point()
+                or (fold is None and not _fold_pays(x_in, x_proj))):
             return tuple((x_proj * att).sum(dim=-1) for att in atts)
-        H, C = x_proj.size(1), x_proj.size(2)
-        with torch.autocast(x_in.device.type, enabled=False):  # fold in the weights' dtype
-            a = torch.stack([att.reshape(H, C) for att in atts])  # [k, H, C]
-            fold = torch.einsum("hcf,khc->fkh", w.view(H, C, -1), a).reshape(w.size(1), -1)
-        if not torch.is_autocast_enabled(x_in.device.type):
-            fold = fold.to(x_in.dtype)
-        scores = _FoldedScores.apply(x_in, fold).view(-1, len(atts), H)
+        scores = _FoldedScores.apply(x_in, w, *atts).view(-1, len(atts), x_proj.size(1))
         return scores.unbind(dim=1)
 
     def _fused_forward(self, x: Union[Tensor, OptPairTensor], edge_index: Adj,

@@ -1,0 +1,160 @@
+// Autograd of gat_attention in C++: the layers call it once per forward, and
+// a Python autograd formula (torch.library.register_autograd) costs about
+// 0.15-0.3 ms of host time per call and its backward, which bounds the step
+// of small graphs and mini-batches. The backward is the op
+// gat_attention_backward (recomputation from lse over the CSC), whose own
+// autograd (double backward: an error) stays in pyg_multihead_agg/ops.py with
+// the fake implementations.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+namespace pyg_multihead_agg {
+namespace {
+
+using at::Tensor;
+using OptTensor = std::optional<Tensor>;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+std::tuple<Tensor, Tensor> call_forward(const Tensor& rowptr, const Tensor& col,
+                                        const Tensor& s_src, const Tensor& s_dst,
+                                        const OptTensor& s_edge, const Tensor& x,
+                                        double negative_slope, double dropout_p,
+                                        const OptTensor& philox, const OptTensor& colptr,
+                                        const OptTensor& row, const OptTensor& perm,
+                                        const OptTensor& bias, const OptTensor& perm_inv) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("pyg_multihead_agg::gat_attention", "")
+                       .typed<std::tuple<Tensor, Tensor>(
+                           const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                           const OptTensor&, const Tensor&, double, double, const OptTensor&,
+                           const OptTensor&, const OptTensor&, const OptTensor&,
+                           const OptTensor&, const OptTensor&)>();
+  return op.call(rowptr, col, s_src, s_dst, s_edge, x, negative_slope, dropout_p, philox, colptr,
+                 row, perm, bias, perm_inv);
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> call_backward(
+    const Tensor& rowptr, const Tensor& col, const Tensor& colptr, const Tensor& row,
+    const Tensor& perm, const Tensor& s_src, const Tensor& s_dst, const OptTensor& s_edge,
+    const Tensor& x, const Tensor& out, const Tensor& lse, const Tensor& grad_out,
+    const OptTensor& grad_lse, double negative_slope, double dropout_p, const OptTensor& philox,
+    const OptTensor& bias, const OptTensor& perm_inv) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("pyg_multihead_agg::gat_attention_backward", "")
+                       .typed<std::tuple<Tensor, Tensor, Tensor, Tensor>(
+                           const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                           const Tensor&, const Tensor&, const Tensor&, const OptTensor&,
+                           const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                           const OptTensor&, double, double, const OptTensor&,
+                           const OptTensor&, const OptTensor&)>();
+  return op.call(rowptr, col, colptr, row, perm, s_src, s_dst, s_edge, x, out, lse, grad_out,
+                 grad_lse, negative_slope, dropout_p, philox, bias, perm_inv);
+}
+
+// pyg_multihead_agg.csr_to_csc: the same stable sort, so the same CSC. Sizes
+// stay symbolic (sym_size), so that torch.compile(dynamic=True) traces this
+// without specialising them.
+std::tuple<Tensor, Tensor, Tensor> csr_to_csc(const Tensor& rowptr, const Tensor& col,
+                                              const c10::SymInt& num_src) {
+  const auto rows = at::arange(rowptr.sym_size(0) - 1, col.options());
+  const auto row = at::repeat_interleave_symint(rows, at::diff(rowptr), 0, col.sym_size(0));
+  const auto [col_sorted, perm] = at::sort(col, /*stable=*/true, 0, false);
+  const auto bounds = at::arange(num_src + 1, col.options());
+  const auto colptr =
+      at::searchsorted(col_sorted, bounds, col.scalar_type() == at::kInt, false);
+  return {colptr.to(col.scalar_type()), row.index_select(0, perm), perm.to(col.scalar_type())};
+}
+
+Tensor defined_or_empty(const OptTensor& t) { return t.has_value() ? *t : Tensor(); }
+OptTensor as_optional(const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
+
+class GatAttention : public torch::autograd::Function<GatAttention> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& rowptr, const Tensor& col,
+                               const Tensor& s_src, const Tensor& s_dst,
+                               const OptTensor& s_edge, const Tensor& x, double negative_slope,
+                               double dropout_p, const OptTensor& philox,
+                               const OptTensor& colptr, const OptTensor& row,
+                               const OptTensor& perm, const OptTensor& bias,
+                               const OptTensor& perm_inv) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [out, lse] = call_forward(rowptr, col, s_src, s_dst, s_edge, x, negative_slope,
+                                   dropout_p, philox, colptr, row, perm, bias, perm_inv);
+    // needs_input_grad counts the tensors given, in argument order.
+    const auto given = [](const OptTensor& t) { return int64_t(t.has_value() && t->defined()); };
+    const int64_t edge_slot = given(s_edge) ? 4 : -1;
+    const int64_t x_slot = 4 + given(s_edge);
+    const int64_t bias_slot = given(bias) ? x_slot + 1 + given(philox) + given(colptr) +
+                                                given(row) + given(perm)
+                                          : -1;
+    ctx->saved_data["slots"] = std::vector<int64_t>{2, 3, edge_slot, x_slot, bias_slot};
+    ctx->saved_data["negative_slope"] = negative_slope;
+    ctx->saved_data["dropout_p"] = dropout_p;
+    ctx->saved_data["num_src"] = x.sym_size(0);
+    // out is the biased output (the one tensor of its size kept for the
+    // backward); the backward takes the attention output as out - bias.
+    ctx->save_for_backward({rowptr, col, s_src, s_dst, defined_or_empty(s_edge), x,
+                            defined_or_empty(philox), defined_or_empty(colptr),
+                            defined_or_empty(row), defined_or_empty(perm), out, lse,
+                            defined_or_empty(bias), defined_or_empty(perm_inv)});
+    return {out, lse};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &rowptr = saved[0], &col = saved[1], &s_src = saved[2], &s_dst = saved[3],
+               &s_edge = saved[4], &x = saved[5], &philox = saved[6], &out = saved[10],
+               &lse = saved[11], &bias = saved[12];
+    Tensor colptr = saved[7], row = saved[8], perm = saved[9], perm_inv = saved[13];
+    const auto slots = ctx->saved_data["slots"].toIntVector();
+    const auto needs = [&](int64_t slot) { return slot >= 0 && ctx->needs_input_grad(slot); };
+    const Tensor grad_out = grads[0].defined() ? grads[0] : at::zeros_like(out);
+    const Tensor& grad_lse = grads[1];
+
+    variable_list result(14);
+    if (needs(slots[4])) {
+      // The sum over rows in at least float32 (half types would round every
+      // partial sum).
+      const auto acc = at::promote_types(grad_out.scalar_type(), at::kFloat);
+      result[12] = grad_out.sum(0, false, acc).to(bias.scalar_type());
+    }
+    if (!(needs(slots[0]) || needs(slots[1]) || needs(slots[2]) || needs(slots[3]))) {
+      return result;  // only the bias needs a gradient
+    }
+    if (!colptr.defined()) {
+      std::tie(colptr, row, perm) = csr_to_csc(rowptr, col, ctx->saved_data["num_src"].toSymInt());
+      perm_inv = Tensor();  // only with the caller's CSC
+    }
+    auto [grad_x, grad_src, grad_dst, grad_edge] = call_backward(
+        rowptr, col, colptr, row, perm, s_src, s_dst, as_optional(s_edge), x, out, lse, grad_out,
+        as_optional(grad_lse), ctx->saved_data["negative_slope"].toDouble(),
+        ctx->saved_data["dropout_p"].toDouble(), as_optional(philox), as_optional(bias),
+        as_optional(perm_inv));
+    result[2] = grad_src;
+    result[3] = grad_dst;
+    if (s_edge.defined()) result[4] = grad_edge;
+    result[5] = grad_x;
+    return result;
+  }
+};
+
+std::tuple<Tensor, Tensor> gat_attention_autograd(
+    const Tensor& rowptr, const Tensor& col, const Tensor& s_src, const Tensor& s_dst,
+    const OptTensor& s_edge, const Tensor& x, double negative_slope, double dropout_p,
+    const OptTensor& philox, const OptTensor& colptr, const OptTensor& row,
+    const OptTensor& perm, const OptTensor& bias, const OptTensor& perm_inv) {
+  auto outputs = GatAttention::apply(rowptr, col, s_src, s_dst, s_edge, x, negative_slope,
+                                     dropout_p, philox, colptr, row, perm, bias, perm_inv);
+  return {outputs[0], outputs[1]};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(pyg_multihead_agg, Autograd, m) {
+  m.impl("gat_attention", &gat_attention_autograd);
+}
+
+}  // namespace pyg_multihead_agg

@@ -1,0 +1,193 @@
+"""Where a whole training step's time goes when it is bound by the host: the
+mini-batch step of benchmarks/bench_minibatch.py and the Cora epoch of
+examples/train_cora.py, for PyG's GATConv and ours.
+
+    python tools/profile_step.py --device cuda --steps minibatch,cora --root .device/data
+
+Per (step, layer): the wall time per step without the profiler; then, under
+torch.profiler, the kernels launched and their summed GPU time per step, the
+host syncs (cudaStreamSynchronize, cudaMemcpy device-to-host), the ops with
+the most host (self CPU) time and the kernels with the most GPU time; with
+--cprofile, the Python functions with the most time of their own.
+"""
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import statistics
+import sys
+import time
+from typing import Callable, List
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "benchmarks"))
+sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+
+import torch_geometric  # noqa: E402
+
+import pyg_multihead_agg.nn  # noqa: E402
+from pyg_multihead_agg import graph as graphs  # noqa: E402
+
+LAYERS = {"pyg": torch_geometric.nn.GATConv, "ours": pyg_multihead_agg.nn.GATConv}
+
+
+def minibatch_steps(conv: type, device: torch.device, batches) -> List[Callable[[], None]]:
+    from bench_minibatch import GAT
+    torch.manual_seed(0)
+    model = GAT(conv, 128, 32, 4, 47).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def step(batch):
+        x, edge_index, y = batch
+        graphs.clear_cache()
+        optimizer.zero_grad(set_to_none=True)
+        out = model(x, edge_index)[:y.numel()]
+        F.cross_entropy(out, y).backward()
+        optimizer.step()
+    return [lambda b=b: step(b) for b in batches]
+
+
+def cora_steps(conv: type, device: torch.device, data, count: int) -> List[Callable[[], None]]:
+    from train_cora import GAT, paper_settings
+    s = paper_settings("Cora")
+    torch.manual_seed(0)
+    model = GAT(conv, data.num_features, s["hidden_channels"], 7, s["heads"], s["out_heads"],
+                s["dropout"]).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=s["lr"], weight_decay=s["weight_decay"])
+    masks = (data.train_mask, data.val_mask, data.test_mask)
+
+    def step():  # train_cora.train_run's epoch, without its logging
+        model.train()
+        optimizer.zero_grad()
+        out = model(data.x, data.edge_index)
+        F.cross_entropy(out[data.train_mask], data.y[data.train_mask]).backward()
+        optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            out = model(data.x, data.edge_index)
+            F.cross_entropy(out[data.val_mask], data.y[data.val_mask])
+            pred = out.argmax(dim=-1)
+            [(pred[m] == data.y[m]).float().mean() for m in masks]
+    return [step] * count
+
+
+def first_call_steps(device: torch.device, shape: str, count: int) -> List[Callable[[], None]]:
+    from graphs import make_graph
+    g = make_graph(shape, device=device, self_loops=True)
+    edge_index, n = g.edge_index(), g.num_nodes
+    del g
+    torch.manual_seed(0)
+    layer = pyg_multihead_agg.nn.GATConv(128, 32, heads=4, add_self_loops=False).to(device)
+    x = torch.randn(n, 128, device=device)
+    params = list(layer.parameters())
+
+    def step():  # bench_layer.py's "new graph every call"
+        graphs.clear_cache()
+        out = layer(x, edge_index)
+        torch.autograd.grad(out, params, torch.ones_like(out))
+    return [step] * count
+
+
+def report(title: str, steps: List[Callable[[], None]], device: torch.device, warmup: int,
+           top: int, use_cprofile: bool) -> None:
+    cuda = device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    for fn in steps[:warmup]:
+        fn()
+    timed = steps[warmup:]
+    sync()
+    wall = []
+    for fn in timed:
+        t = time.perf_counter()
+        fn()
+        sync()
+        wall.append((time.perf_counter() - t) * 1e3)
+    n = len(timed)
+    print(f"\n## {title}: {statistics.median(wall):.2f} ms per step (median of {n}, "
+          "synchronised after each)\n")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for fn in timed:
+            fn()
+        sync()
+    events = prof.key_averages()
+    kernels = [e for e in events if e.device_type.name == "CUDA"]
+    gpu_ms = sum(e.device_time_total for e in kernels) / 1e3 / n
+    launches = sum(e.count for e in kernels) / n
+    runtime = {e.key: e for e in events if e.key.startswith("cuda")}
+    syncs = sum(runtime[k].count for k in runtime
+                if k in ("cudaStreamSynchronize", "cudaDeviceSynchronize")) / n
+    memcpy = sum(runtime[k].count for k in runtime if k.startswith("cudaMemcpy")) / n
+    cpu_ops = [e for e in events if e.device_type.name == "CPU" and not e.key.startswith("cuda")]
+    print(f"- GPU kernels: {launches:.0f} per step, {gpu_ms:.2f} ms summed")
+    print(f"- host syncs: {syncs:.1f} stream/device syncs, {memcpy:.1f} cudaMemcpy per step")
+    for k in ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaMalloc", "cudaFree"):
+        if k in runtime:
+            e = runtime[k]
+            print(f"- {k}: {e.count / n:.0f} per step, {e.cpu_time_total / 1e3 / n:.2f} ms")
+    print("\n| op (host self time) | ms per step | calls per step |\n|---|---|---|")
+    cpu_ops.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
+    for e in cpu_ops[:top]:
+        print(f"| `{e.key[:80]}` | {e.self_cpu_time_total / 1e3 / n:.3f} | {e.count / n:.1f} |")
+    if kernels:
+        print("\n| kernel | GPU ms per step | calls per step |\n|---|---|---|")
+        kernels.sort(key=lambda e: e.device_time_total, reverse=True)
+        for e in kernels[:top]:
+            print(f"| `{e.key[:80]}` | {e.device_time_total / 1e3 / n:.3f} | {e.count / n:.1f} |")
+    if use_cprofile:
+        pr = cProfile.Profile()
+        pr.enable()
+        for fn in timed:
+            fn()
+        sync()
+        pr.disable()
+        buf = io.StringIO()
+        pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(top)
+        print("\n```\n" + buf.getvalue().strip() + "\n```")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--steps", default="minibatch,cora")
+    parser.add_argument("--layers", default="pyg,ours")
+    parser.add_argument("--batches", type=int, default=15)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--shape", default="products-like")
+    parser.add_argument("--first-call-shape", default="reddit-like")
+    parser.add_argument("--root", default=os.environ.get("PYG_MULTIHEAD_AGG_DATA", "data"))
+    parser.add_argument("--cprofile", action="store_true")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    kinds = args.steps.split(",")
+    if "minibatch" in kinds:
+        from bench_minibatch import sample_batches, to_device
+        cpu_batches, _, _ = sample_batches(args.shape, [15, 10], 1024,
+                                           args.warmup + args.batches, 128, 47, 0)
+        batches, _ = to_device(cpu_batches, device)
+        del cpu_batches
+        for layer in args.layers.split(","):
+            report(f"mini-batch step, {args.shape}, {layer}",
+                   minibatch_steps(LAYERS[layer], device, batches), device, args.warmup,
+                   args.top, args.cprofile)
+    if "firstcall" in kinds:
+        report(f"first call (graph converted every call), {args.first_call_shape}, ours",
+               first_call_steps(device, args.first_call_shape, args.warmup + 10), device,
+               args.warmup, args.top, args.cprofile)
+    if "cora" in kinds:
+        from train_cora import load_dataset
+        data = load_dataset(args.root, "Cora")[0].to(device)
+        for layer in args.layers.split(","):
+            report(f"Cora epoch, {layer}",
+                   cora_steps(LAYERS[layer], device, data, args.warmup + 30), device,
+                   args.warmup, args.top, args.cprofile)
+
+
+if __name__ == "__main__":
+    main()
