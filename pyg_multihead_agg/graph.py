@@ -457,7 +457,7 @@ def _non_decreasing(index: Tensor) -> Tensor:
     return (index[1:] >= index[:-1]).all()
 
 
-def _with_csc(graph: Graph, adj, num_src: int) -> Graph:
+def _with_csc(graph: Graph, adj, num_src: int, perm_inv: bool = True) -> Graph:
     csc = None
     if graph.edge_perm is None and graph.rowptr.size(0) - 1 == graph.num_dst:
         csc = _container_csc(adj)  # the container's own cache, if any
@@ -468,8 +468,8 @@ def _with_csc(graph: Graph, adj, num_src: int) -> Graph:
             csc = (colptr.to(dtype), row.to(dtype), perm.to(dtype))
     if csc is None:
         csc = csr_to_csc(graph.rowptr, graph.col, num_src)
-    perm_inv = invert_perm(csc[2]) if csc[2].is_cuda else None
-    return graph._replace(csc=csc, perm_inv=perm_inv)
+    inverse = invert_perm(csc[2]) if perm_inv and csc[2].is_cuda else None
+    return graph._replace(csc=csc, perm_inv=inverse)
 
 
 # ---------------------------------------------------------------------------
@@ -576,10 +576,17 @@ def prepare(adj, num_src: int, num_dst: int, *, self_loops: Optional[int] = None
     if graph is None:
         exact = (not compiling or run is _outside_graph) and _INDEX_CHECK[0]
         graph = run(_build, adj, num_src, num_dst, self_loops, exact, need_csc)
-    elif not need_csc or graph.csc is not None:
+    elif not need_csc or graph.csc is not None and (
+            graph.perm_inv is not None or not graph.col.is_cuda):
         return graph
+    # perm_inv (CUDA: the backward's faster write order) costs a scatter over
+    # the edges and saves less than that in one backward: it is built at a
+    # graph's second backward, so that a graph used once (a mini-batch, a
+    # traced call, a first call) never pays for it.
     if need_csc and graph.csc is None:
-        graph = run(_with_csc, graph, adj, num_src)
+        graph = run(_with_csc, graph, adj, num_src, False)
+    elif need_csc and graph.perm_inv is None and graph.col.is_cuda:
+        graph = graph._replace(perm_inv=invert_perm(graph.csc[2]))
     if not compiling:
         _cache_put(adj, key, graph)
     return graph

@@ -308,9 +308,9 @@ def test_int64_graph_cached_as_int32_on_cuda(kind, fused, monkeypatch):
     """On CUDA the prepared graph holds an int64 adjacency's CSR and CSC in
     int32 (the kernels' faster path), with the inverse of the CSC's perm
     (the fused backward's CSC-ordered logit gradients, or the spmm
-    backward's CSC-ordered weight gradient without fused attention);
-    outputs and gradients are those of the int64 indices and of the backward
-    without perm_inv, bit for bit."""
+    backward's CSC-ordered weight gradient without fused attention) from
+    the graph's second backward on; outputs and gradients are those of the
+    int64 indices and of the backward without perm_inv, bit for bit."""
     case = CASES[1] if not fused else CASES[0]  # spmm: PyG adds no self-loops to EdgeIndex
     edge_index, x_src, x_dst, _ = make_graph(case, 31)
     _, layer = make_layers(case, 31)
@@ -324,8 +324,11 @@ def test_int64_graph_cached_as_int32_on_cuda(kind, fused, monkeypatch):
         ours = copy.deepcopy(layer).cuda()
         ours.fused_attention = fused
         adj, _ = make_adj(kind, edge_index.cuda(), case.num_src, case.num_dst)
+        first = run(ours, case, kind, adj, x_src.float().cuda(), x_dst.float().cuda(), None)
+        assert cached_graph(adj).perm_inv is None  # a graph used once skips it
         results[variant] = run(ours, case, kind, adj, x_src.float().cuda(),
                                x_dst.float().cuda(), None)
+        assert torch.equal(first[0], results[variant][0])
         graph = cached_graph(adj)
         (colptr, row, perm), perm_inv = graph.csc, graph.perm_inv
         expected = torch.int64 if variant == "int64" else torch.int32
