@@ -129,6 +129,18 @@ def reference_output(batch, in_channels, num_classes, device, seed):
         return model(x.double(), edge_index)
 
 
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch) -> None:
+    """One training step on a batch (x, edge_index, y of the seeds)."""
+    x, edge_index, y = batch
+    # Every batch is a new graph to the layers, as in a training loop (the
+    # batches here are kept, and would stay cached).
+    graphs.clear_cache()
+    optimizer.zero_grad(set_to_none=True)
+    out = model(x, edge_index)[:y.numel()]
+    F.cross_entropy(out, y).backward()
+    optimizer.step()
+
+
 def count_syncs(fn: Callable[[], None], steps: int) -> float:
     """Host syncs per call of fn, as torch.cuda.set_sync_debug_mode counts them."""
     with warnings.catch_warnings(record=True) as caught:
@@ -154,14 +166,7 @@ def bench_method(row: Row, batches, ref, args, device) -> None:
         row.check = "ok" if row.rel_err <= 1e-4 else "FAIL"
 
         def step(batch):
-            x, edge_index, y = batch
-            # Every batch is a new graph to the layers, as in a training loop
-            # (the batches here are kept, and would stay cached).
-            graphs.clear_cache()
-            optimizer.zero_grad(set_to_none=True)
-            out = step_model(x, edge_index)[:y.numel()]
-            F.cross_entropy(out, y).backward()
-            optimizer.step()
+            train_step(step_model, optimizer, batch)
 
         for batch in batches[:args.warmup]:  # compilation, allocator, caches
             step(batch)

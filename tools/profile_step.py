@@ -37,19 +37,11 @@ LAYERS = {"pyg": torch_geometric.nn.GATConv, "ours": pyg_multihead_agg.nn.GATCon
 
 
 def minibatch_steps(conv: type, device: torch.device, batches) -> List[Callable[[], None]]:
-    from bench_minibatch import GAT
+    from bench_minibatch import GAT, train_step
     torch.manual_seed(0)
     model = GAT(conv, 128, 32, 4, 47).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-
-    def step(batch):
-        x, edge_index, y = batch
-        graphs.clear_cache()
-        optimizer.zero_grad(set_to_none=True)
-        out = model(x, edge_index)[:y.numel()]
-        F.cross_entropy(out, y).backward()
-        optimizer.step()
-    return [lambda b=b: step(b) for b in batches]
+    return [lambda b=b: train_step(model, optimizer, b) for b in batches]
 
 
 def cora_steps(conv: type, device: torch.device, data, count: int) -> List[Callable[[], None]]:
