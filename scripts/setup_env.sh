@@ -81,8 +81,8 @@ else
   pip_install --upgrade pip setuptools wheel
   say "dependencies 2/4: $TORCH_SPEC"
   pip_install "$TORCH_SPEC"
-  say "dependencies 3/4: ninja, torch-geometric, pytest, hypothesis, ruff, tqdm, matplotlib"
-  pip_install ninja torch-geometric pytest hypothesis ruff tqdm matplotlib
+  say "dependencies 3/4: ninja, torch-geometric, pytest, hypothesis, ruff, tqdm, matplotlib, ogb"
+  pip_install ninja torch-geometric pytest hypothesis ruff tqdm matplotlib ogb
   if [ "$WITH_TORCH_SPARSE" = "1" ]; then
     if [ -d "$WHEELS" ]; then
       say "dependencies 4/4: torch-scatter, torch-sparse (wheels from $WHEELS)"
