@@ -201,6 +201,13 @@ def plot_history(history: Dict[str, List[float]], best_epoch: int, title: str,
     for ax in (ax_loss, ax_acc):
         ax.axvline(best_epoch, color="grey", linestyle="--", linewidth=1,
                    label=f"lowest validation loss (epoch {best_epoch})")
+    save_epoch_figure(fig, (ax_loss, ax_acc), title, path)
+
+
+def save_epoch_figure(fig, axes, title: str, path: str) -> None:
+    """Labels, grids and legends of per-epoch curves; writes the figure."""
+    import matplotlib.pyplot as plt
+    for ax in axes:
         ax.set_xlabel("epoch")
         ax.grid(alpha=0.3)
         ax.legend()

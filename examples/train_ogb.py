@@ -34,6 +34,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 import torch_geometric
 from torch import Tensor
+from train_cora import save_epoch_figure  # (examples/, the script's folder, is on the path)
 
 import pyg_multihead_agg.nn
 
@@ -251,14 +252,8 @@ def plot(history: Dict[str, List[float]], title: str, path: str) -> None:
     for ax, (label, keys) in zip(axes, panels, strict=True):
         for key in keys:
             ax.plot(range(1, len(history[key]) + 1), history[key], label=key)
-        ax.set_xlabel("epoch")
         ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_epoch_figure(fig, axes, title, path)
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
