@@ -21,7 +21,6 @@ evaluates on the whole graph and writes the checkpoint, the JSON and the PNG.
 --layer pyg builds the same model from PyG's GATConv (the baseline).
 """
 import argparse
-import gzip
 import json
 import os
 import statistics
@@ -85,7 +84,7 @@ def write_synthetic(root: str, name: str, num_nodes: int, avg_degree: int = 10,
     real loader runs without a download. Labels depend on the features, so
     that a model can learn them."""
     import numpy as np
-    from ogb.nodeproppred import PygNodePropPredDataset  # noqa: F401 (the format's owner)
+    import pandas as pd
 
     folder = os.path.join(os.path.expanduser(root), name.replace("-", "_"))
     meta = _master(name)
@@ -103,15 +102,14 @@ def write_synthetic(root: str, name: str, num_nodes: int, avg_degree: int = 10,
     os.makedirs(raw, exist_ok=True)
     os.makedirs(split, exist_ok=True)
 
-    def write(path: str, rows) -> None:
-        with gzip.open(path, "wt") as f:
-            for row in rows:
-                f.write(",".join(str(v) for v in np.atleast_1d(row)) + "\n")
+    def write(path: str, values, fmt: Optional[str] = None) -> None:
+        pd.DataFrame(values).to_csv(path, header=False, index=False, compression="gzip",
+                                    float_format=fmt)
 
     write(os.path.join(raw, "edge.csv.gz"), edge)
     write(os.path.join(raw, "num-node-list.csv.gz"), [num_nodes])
     write(os.path.join(raw, "num-edge-list.csv.gz"), [num_edges])
-    np.savetxt(os.path.join(raw, "node-feat.csv.gz"), feat, delimiter=",", fmt="%.6f")
+    write(os.path.join(raw, "node-feat.csv.gz"), feat, "%.6f")
     write(os.path.join(raw, "node-label.csv.gz"), label)
     if meta["additional node files"] != "None":
         for extra in meta["additional node files"].split(","):
