@@ -91,12 +91,13 @@ def _fold_pays(x_in: Tensor, x_proj: Tensor) -> bool:
     The fold reads ``x_in`` [N, F] about three times (forward GEMM, the two
     backward GEMMs) where the products read and write ``x_proj`` [N, H, C]
     about twelve times, but it costs a fixed host time per call: a Python
-    autograd node and four more GEMM calls (about 0.25 ms a layer step on
-    the H200's host, against 0.1 ms for the products' element-wise calls).
-    So it pays for wide enough inputs ``F <= 4 H C`` on large enough graphs:
-    on CUDA from ``N H C`` of 2^23 (the benchmark graphs, arxiv-like upwards;
-    Cora's epoch lost 3 ms to it), on the CPU, where an element-wise pass
-    costs far more next to a call, from 2^17."""
+    autograd node, a bmm and GEMM calls of about 50 us each on the H200's
+    host (tools/profile_step.py: about 0.5 ms a step for one folded layer of
+    the mini-batch model). So it pays for wide enough inputs ``F <= 4 H C``
+    on large enough graphs: on CUDA from ``N H C`` of 2^23 (the benchmark
+    graphs, arxiv-like upwards; on Cora it cost more than it saved), on the
+    CPU, where an element-wise pass costs far more next to a call, from
+    2^17."""
     n, hc = x_proj.size(0), x_proj.size(1) * x_proj.size(2)
     minimum = _FOLD_MIN_ELEMENTS.get(x_in.device.type, _FOLD_MIN_ELEMENTS["cuda"])
     return x_in.size(1) <= 4 * hc and n * hc >= minimum
