@@ -164,16 +164,26 @@ def rank_share(train_idx: Tensor, epoch: int, seed: int, rank: int, world: int) 
     return order[rank * share:(rank + 1) * share]
 
 
-def batches(data, nodes: Tensor, args, device: torch.device):
-    """(x, edge_index, y of the seeds, number of seeds) per step: the whole
-    graph once (full batch) or NeighborLoader batches of `nodes`."""
+def sampling(data, args):
+    """(CPU data, NeighborSampler) for mini-batches, built once per run: a
+    NeighborLoader built every epoch would convert the graph to CSC again."""
     if args.fanout is None:
+        return None
+    from torch_geometric.sampler import NeighborSampler
+    return data, NeighborSampler(data, num_neighbors=args.fanout)
+
+
+def batches(data, nodes: Tensor, args, device: torch.device, sampled=None):
+    """(x, edge_index, y of the seeds, number of seeds) per step: the whole
+    graph once (full batch) or NeighborLoader batches of `nodes` drawn by
+    `sampled` (from sampling())."""
+    if sampled is None:
         yield data.x, data.edge_index, data.y[nodes], nodes
         return
     from torch_geometric.loader import NeighborLoader
-    loader = NeighborLoader(data.cpu() if device.type == "cuda" else data,
-                            num_neighbors=args.fanout, input_nodes=nodes.cpu(),
-                            batch_size=args.batch_size, shuffle=True)
+    cpu_data, sampler = sampled
+    loader = NeighborLoader(cpu_data, num_neighbors=args.fanout, input_nodes=nodes.cpu(),
+                            batch_size=args.batch_size, shuffle=True, neighbor_sampler=sampler)
     for batch in loader:
         batch = batch.to(device, non_blocking=True)
         seeds = batch.batch_size
@@ -205,11 +215,11 @@ def all_sum(values: List[float], device: torch.device) -> List[float]:
 
 
 def train_epoch(model, optimizer, data, nodes: Tensor, args, device: torch.device,
-                autocast) -> Tuple[float, float, int]:
+                autocast, sampled=None) -> Tuple[float, float, int]:
     """One pass over this rank's nodes; (loss sum, correct, count) over all ranks."""
     model.train()
     loss_sum = correct = count = 0.0
-    for x, edge_index, y, seeds in batches(data, nodes, args, device):
+    for x, edge_index, y, seeds in batches(data, nodes, args, device, sampled):
         optimizer.zero_grad(set_to_none=True)
         with autocast:
             out = model(x, edge_index)[seeds]
@@ -317,6 +327,7 @@ def run(args: argparse.Namespace, device: torch.device, rank: int, world: int) -
     if world > 1:
         dist.barrier()
     data, split_idx, num_classes = load(args.dataset, args.root)
+    sampled = sampling(data, args)  # on the CPU copy
     data = data.to(device)
     split_idx = {k: v.to(device) for k, v in split_idx.items()}
 
@@ -353,7 +364,7 @@ def run(args: argparse.Namespace, device: torch.device, rank: int, world: int) -
             torch.cuda.synchronize(device)
         t = time.perf_counter()
         loss_sum, correct, count = train_epoch(model, optimizer, data, nodes, args, device,
-                                               autocast)
+                                               autocast, sampled)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         history["epoch_ms"].append((time.perf_counter() - t) * 1e3)
@@ -393,7 +404,7 @@ def run(args: argparse.Namespace, device: torch.device, rank: int, world: int) -
         print(f"{args.dataset} {args.layer} x{world}: best validation accuracy "
               f"{best['val_acc']:.4f} (epoch {best.get('epoch')}), test accuracy "
               f"{best.get('test_acc', float('nan')):.4f}; median epoch "
-              f"{result['epoch_ms_median']:.1f} ms")
+              f"{result['epoch_ms_median'] or float('nan'):.1f} ms")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)

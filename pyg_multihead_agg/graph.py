@@ -445,10 +445,12 @@ def _build(adj, num_src: int, num_dst: int, loops: Optional[int], exact: bool,
         # The caller's order is a CSC order: entry k is edge k, which sits
         # at CSR position perm[k] (the inverse of edge_perm).
         edge_perm = graph.edge_perm
-        identity = torch.arange(num_edges, dtype=dtype, device=device)
-        perm = identity if edge_perm is None else invert_perm(edge_perm)
-        perm_inv = (identity if edge_perm is None else edge_perm) if device.type == "cuda" \
-            else None
+        if edge_perm is None:
+            perm = torch.arange(num_edges, dtype=dtype, device=device)
+            edge_perm = perm
+        else:
+            perm = invert_perm(edge_perm)
+        perm_inv = edge_perm if device.type == "cuda" else None
         graph = graph._replace(csc=(_ptr(src, num_src), dst, perm), perm_inv=perm_inv)
     return graph
 
