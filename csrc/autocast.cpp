@@ -1,7 +1,7 @@
-// Autocast kernels for multihead_spmm and gat_attention. Under torch.autocast the layer's x
-// comes from a Linear (low precision) while the attention weights come from a
-// float32 softmax; without these kernels the op would get mixed dtypes and
-// raise. Both floating inputs are cast to the autocast dtype (the
+// Autocast kernels for multihead_spmm, gat_attention and gatv2_attention. Under
+// torch.autocast the layer's x comes from a Linear (low precision) while the
+// attention weights come from a float32 softmax; without these kernels the op
+// would get mixed dtypes and raise. All floating inputs are cast to the autocast dtype (the
 // "lower_precision_fp" policy of matmul-like ops; float64 stays float64, as in
 // at::autocast::cached_cast), then the op is redispatched below autocast. The
 // backward ops need no autocast kernel: autograd calls them with the dtypes
@@ -81,6 +81,43 @@ std::tuple<at::Tensor, at::Tensor> gat_attention_autocast(
                             perm_inv);
 }
 
+// gatv2_attention: features, edge features, att and bias in the autocast dtype.
+std::tuple<at::Tensor, at::Tensor> gatv2_attention_call(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& x_l,
+    const at::Tensor& x_r, const opt_tensor& e_feat, const at::Tensor& att,
+    double negative_slope, double dropout_p, const opt_tensor& philox, const opt_tensor& colptr,
+    const opt_tensor& row, const opt_tensor& perm, const opt_tensor& bias,
+    const opt_tensor& perm_inv) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("pyg_multihead_agg::gatv2_attention", "")
+          .typed<std::tuple<at::Tensor, at::Tensor>(
+              const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+              const opt_tensor&, const at::Tensor&, double, double, const opt_tensor&,
+              const opt_tensor&, const opt_tensor&, const opt_tensor&, const opt_tensor&,
+              const opt_tensor&)>();
+  return op.call(rowptr, col, x_l, x_r, e_feat, att, negative_slope, dropout_p, philox, colptr,
+                 row, perm, bias, perm_inv);
+}
+
+template <c10::DispatchKey autocast_key, c10::DeviceType device_type>
+std::tuple<at::Tensor, at::Tensor> gatv2_attention_autocast(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& x_l,
+    const at::Tensor& x_r, const opt_tensor& e_feat, const at::Tensor& att,
+    double negative_slope, double dropout_p, const opt_tensor& philox, const opt_tensor& colptr,
+    const opt_tensor& row, const opt_tensor& perm, const opt_tensor& bias,
+    const opt_tensor& perm_inv) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(autocast_key);
+  const auto dtype = at::autocast::get_autocast_dtype(device_type);
+  auto cast = [&](const at::Tensor& t) { return at::autocast::cached_cast(dtype, t, device_type); };
+  auto cast_opt = [&](const opt_tensor& t) -> opt_tensor {
+    return t.has_value() && t->defined() ? opt_tensor(cast(*t)) : t;
+  };
+  return gatv2_attention_call(rowptr, col, cast(x_l), cast(x_r), cast_opt(e_feat), cast(att),
+                              negative_slope, dropout_p, philox, colptr, row, perm,
+                              cast_opt(bias), perm_inv);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(pyg_multihead_agg, AutocastCPU, m) {
@@ -88,6 +125,8 @@ TORCH_LIBRARY_IMPL(pyg_multihead_agg, AutocastCPU, m) {
          &multihead_spmm_autocast<c10::DispatchKey::AutocastCPU, c10::DeviceType::CPU>);
   m.impl("gat_attention",
          &gat_attention_autocast<c10::DispatchKey::AutocastCPU, c10::DeviceType::CPU>);
+  m.impl("gatv2_attention",
+         &gatv2_attention_autocast<c10::DispatchKey::AutocastCPU, c10::DeviceType::CPU>);
 }
 
 TORCH_LIBRARY_IMPL(pyg_multihead_agg, AutocastCUDA, m) {
@@ -95,6 +134,8 @@ TORCH_LIBRARY_IMPL(pyg_multihead_agg, AutocastCUDA, m) {
          &multihead_spmm_autocast<c10::DispatchKey::AutocastCUDA, c10::DeviceType::CUDA>);
   m.impl("gat_attention",
          &gat_attention_autocast<c10::DispatchKey::AutocastCUDA, c10::DeviceType::CUDA>);
+  m.impl("gatv2_attention",
+         &gatv2_attention_autocast<c10::DispatchKey::AutocastCUDA, c10::DeviceType::CUDA>);
 }
 
 }  // namespace pyg_multihead_agg

@@ -214,6 +214,89 @@ inline GatShape check_gat_attention(const at::Tensor& rowptr, const at::Tensor& 
   return s;
 }
 
+// gatv2_attention: x_l [N_src, H, D], x_r [N_dst, H, D], e_feat [E, H, D],
+// att [H, D]; returns (N_dst, N_src, E, H, D).
+inline GatShape check_gatv2_attention(const at::Tensor& rowptr, const at::Tensor& col,
+                                      const at::Tensor& x_l, const at::Tensor& x_r,
+                                      const std::optional<at::Tensor>& e_feat,
+                                      const at::Tensor& att, double dropout_p,
+                                      const std::optional<at::Tensor>& philox,
+                                      const std::optional<at::Tensor>& bias) {
+  GatShape s;
+  s.N_dst = check_compressed(rowptr, "rowptr", col, "col");
+  check_value(x_l, "x_l", 3);
+  check_value(x_r, "x_r", 3);
+  check_value(att, "att", 2);
+  check_same_dtype(x_r, "x_r", x_l, "x_l");
+  check_same_dtype(att, "att", x_l, "x_l");
+  check_same_device(rowptr, "rowptr", x_l, "x_l");
+  check_same_device(x_r, "x_r", x_l, "x_l");
+  check_same_device(att, "att", x_l, "x_l");
+  s.N_src = x_l.size(0);
+  s.H = x_l.size(1);
+  s.D = x_l.size(2);
+  s.E = col.numel();
+  TORCH_CHECK(x_r.size(0) == s.N_dst && x_r.size(1) == s.H && x_r.size(2) == s.D,
+              "x_r must have shape [", s.N_dst, ", ", s.H, ", ", s.D,
+              "] (rowptr.numel() - 1, heads, channels), got ", x_r.sizes());
+  TORCH_CHECK(att.size(0) == s.H && att.size(1) == s.D, "att must have shape [", s.H, ", ", s.D,
+              "] (heads, channels of x_l), got ", att.sizes());
+  if (e_feat.has_value() && e_feat->defined()) {
+    check_value(*e_feat, "e_feat", 3);
+    check_same_dtype(*e_feat, "e_feat", x_l, "x_l");
+    check_same_device(*e_feat, "e_feat", x_l, "x_l");
+    TORCH_CHECK(e_feat->size(0) == s.E && e_feat->size(1) == s.H && e_feat->size(2) == s.D,
+                "e_feat must have shape [", s.E, ", ", s.H, ", ", s.D,
+                "] (col.numel(), heads, channels), got ", e_feat->sizes());
+  }
+  check_philox(philox, dropout_p);
+  check_gat_bias(bias, x_l, s.H, s.D);
+  return s;
+}
+
+// The CSC, out, lse, grad_out and grad_lse of an attention backward (shared
+// by gat_attention_backward and gatv2_attention_backward); x is the
+// aggregated features ([N_src, H, D]).
+inline void check_attention_backward_extra(
+    const GatShape& s, const at::Tensor& rowptr, const at::Tensor& colptr, const at::Tensor& row,
+    const at::Tensor& perm, const at::Tensor& x, const char* x_name, const at::Tensor& out,
+    const at::Tensor& lse, const at::Tensor& grad_out, const std::optional<at::Tensor>& grad_lse,
+    const std::optional<at::Tensor>& perm_inv) {
+  const int64_t N_src = check_compressed(colptr, "colptr", row, "row");
+  TORCH_CHECK(N_src == s.N_src, "colptr must have ", x_name, ".size(0) + 1 = ", s.N_src + 1,
+              " entries, got ", colptr.numel());
+  check_index(perm, "perm");
+  check_same_dtype(perm, "perm", row, "row");
+  check_same_dtype(colptr, "colptr", rowptr, "rowptr");
+  check_same_device(colptr, "colptr", x, x_name);
+  check_same_device(perm, "perm", x, x_name);
+  TORCH_CHECK(row.numel() == s.E && perm.numel() == s.E,
+              "row and perm must have one entry per edge (", s.E, "), got ", row.numel(),
+              " and ", perm.numel());
+  check_perm_inv(perm_inv, perm, x, x_name, s.E);
+  for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{out, "out"},
+                                {grad_out, "grad_out"}}) {
+    check_value(t, name, 3);
+    check_same_dtype(t, name, x, x_name);
+    check_same_device(t, name, x, x_name);
+    TORCH_CHECK(t.size(0) == s.N_dst && t.size(1) == s.H && t.size(2) == s.D, name,
+                " must have shape [", s.N_dst, ", ", s.H, ", ", s.D, "], got ", t.sizes());
+  }
+  const auto lse_dtype = at::toOpMathType(x.scalar_type());
+  check_defined(lse, "lse");
+  TORCH_CHECK(lse.scalar_type() == lse_dtype && lse.dim() == 2 && lse.size(0) == s.N_dst &&
+                  lse.size(1) == s.H,
+              "lse must be a ", lse_dtype, " tensor of shape [", s.N_dst, ", ", s.H, "], got ",
+              lse.scalar_type(), " ", lse.sizes());
+  check_same_device(lse, "lse", x, x_name);
+  if (grad_lse.has_value() && grad_lse->defined()) {
+    TORCH_CHECK(grad_lse->scalar_type() == lse_dtype && grad_lse->sizes() == lse.sizes(),
+                "grad_lse must be a ", lse_dtype, " tensor of shape ", lse.sizes(), ", got ",
+                grad_lse->scalar_type(), " ", grad_lse->sizes());
+    check_same_device(*grad_lse, "grad_lse", x, x_name);
+  }
+}
+
 inline GatShape check_gat_attention_backward(
     const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
     const at::Tensor& row, const at::Tensor& perm, const at::Tensor& s_src,
@@ -224,39 +307,22 @@ inline GatShape check_gat_attention_backward(
     const std::optional<at::Tensor>& perm_inv) {
   const GatShape s =
       check_gat_attention(rowptr, col, s_src, s_dst, s_edge, x, dropout_p, philox, bias);
-  const int64_t N_src = check_compressed(colptr, "colptr", row, "row");
-  TORCH_CHECK(N_src == s.N_src, "colptr must have x.size(0) + 1 = ", s.N_src + 1,
-              " entries, got ", colptr.numel());
-  check_index(perm, "perm");
-  check_same_dtype(perm, "perm", row, "row");
-  check_same_dtype(colptr, "colptr", rowptr, "rowptr");
-  check_same_device(colptr, "colptr", x, "x");
-  check_same_device(perm, "perm", x, "x");
-  TORCH_CHECK(row.numel() == s.E && perm.numel() == s.E,
-              "row and perm must have one entry per edge (", s.E, "), got ", row.numel(),
-              " and ", perm.numel());
-  check_perm_inv(perm_inv, perm, x, "x", s.E);
-  for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{out, "out"},
-                                {grad_out, "grad_out"}}) {
-    check_value(t, name, 3);
-    check_same_dtype(t, name, x, "x");
-    check_same_device(t, name, x, "x");
-    TORCH_CHECK(t.size(0) == s.N_dst && t.size(1) == s.H && t.size(2) == s.D, name,
-                " must have shape [", s.N_dst, ", ", s.H, ", ", s.D, "], got ", t.sizes());
-  }
-  const auto lse_dtype = at::toOpMathType(x.scalar_type());
-  check_defined(lse, "lse");
-  TORCH_CHECK(lse.scalar_type() == lse_dtype && lse.dim() == 2 && lse.size(0) == s.N_dst &&
-                  lse.size(1) == s.H,
-              "lse must be a ", lse_dtype, " tensor of shape [", s.N_dst, ", ", s.H, "], got ",
-              lse.scalar_type(), " ", lse.sizes());
-  check_same_device(lse, "lse", x, "x");
-  if (grad_lse.has_value() && grad_lse->defined()) {
-    TORCH_CHECK(grad_lse->scalar_type() == lse_dtype && grad_lse->sizes() == lse.sizes(),
-                "grad_lse must be a ", lse_dtype, " tensor of shape ", lse.sizes(), ", got ",
-                grad_lse->scalar_type(), " ", grad_lse->sizes());
-    check_same_device(*grad_lse, "grad_lse", x, "x");
-  }
+  check_attention_backward_extra(s, rowptr, colptr, row, perm, x, "x", out, lse, grad_out,
+                                 grad_lse, perm_inv);
+  return s;
+}
+
+inline GatShape check_gatv2_attention_backward(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
+    const at::Tensor& row, const at::Tensor& perm, const at::Tensor& x_l, const at::Tensor& x_r,
+    const std::optional<at::Tensor>& e_feat, const at::Tensor& att, const at::Tensor& out,
+    const at::Tensor& lse, const at::Tensor& grad_out, const std::optional<at::Tensor>& grad_lse,
+    double dropout_p, const std::optional<at::Tensor>& philox,
+    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& perm_inv) {
+  const GatShape s =
+      check_gatv2_attention(rowptr, col, x_l, x_r, e_feat, att, dropout_p, philox, bias);
+  check_attention_backward_extra(s, rowptr, colptr, row, perm, x_l, "x_l", out, lse, grad_out,
+                                 grad_lse, perm_inv);
   return s;
 }
 

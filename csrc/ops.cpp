@@ -83,6 +83,31 @@ TORCH_LIBRARY(pyg_multihead_agg, m) {
       "Tensor? philox, Tensor? bias=None, Tensor? perm_inv=None) -> "
       "(Tensor, Tensor, Tensor, Tensor)");
 
+  // Fused GATv2 attention (docs/gat_attention.md, GATv2). For destination i,
+  // head h and the edges e of row i (j = col[e]):
+  //   z[e, h, c]  = x_l[j, h, c] + x_r[i, h, c] (+ e_feat[e, h, c])
+  //   l[e, h]     = sum_c att[h, c] * leaky_relu(z[e, h, c], negative_slope)
+  //   alpha[e, h] = exp(l[e, h] - lse[i, h])
+  //   out[i, h]   = sum_e alpha[e, h] * keep(e, h) / (1 - dropout_p) * x_l[j, h]
+  //                 (+ bias[h])
+  // with lse, keep, the CSC inputs, bias and perm_inv as for gat_attention.
+  // e_feat is in CSR edge order.
+  m.def(
+      "gatv2_attention(Tensor rowptr, Tensor col, Tensor x_l, Tensor x_r, Tensor? e_feat, "
+      "Tensor att, float negative_slope, float dropout_p, Tensor? philox, Tensor? colptr=None, "
+      "Tensor? row=None, Tensor? perm=None, Tensor? bias=None, Tensor? perm_inv=None) -> "
+      "(Tensor, Tensor)");
+  // Its backward from the CSC, with the attention recomputed from lse.
+  // Returns (grad_x_l, grad_x_r, grad_att, grad_e_feat); grad_e_feat is
+  // empty [0, H, C] without e_feat; grad_att is [H, C] in the dtype of x_l.
+  // out, grad_lse, bias and perm_inv as in gat_attention_backward.
+  m.def(
+      "gatv2_attention_backward(Tensor rowptr, Tensor col, Tensor colptr, Tensor row, "
+      "Tensor perm, Tensor x_l, Tensor x_r, Tensor? e_feat, Tensor att, Tensor out, Tensor lse, "
+      "Tensor grad_out, Tensor? grad_lse, float negative_slope, float dropout_p, "
+      "Tensor? philox, Tensor? bias=None, Tensor? perm_inv=None) -> "
+      "(Tensor, Tensor, Tensor, Tensor)");
+
   // Private test hook: forces the CUDA kernel path `name` (value -1: back to
   // the launch heuristic) and returns the value it replaces; see
   // csrc/path_overrides.h and pyg_multihead_agg/_testing.py.

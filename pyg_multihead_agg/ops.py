@@ -394,3 +394,175 @@ def _(rowptr, col, colptr, row, perm, s_src, s_dst, s_edge, x, out, lse, grad_ou
 # differentiable.
 torch.library.register_autograd("pyg_multihead_agg::gat_attention_backward", _no_double_backward,
                                 setup_context=_no_double_backward_context)
+
+
+# ---------------------------------------------------------------------------
+# Fused GATv2 attention (docs/gat_attention.md, GATv2)
+# ---------------------------------------------------------------------------
+
+def gatv2_attention(rowptr: Tensor, col: Tensor, x_l: Tensor, x_r: Tensor, att: Tensor, *,
+                    e_feat: Optional[Tensor] = None, negative_slope: float = 0.2,
+                    dropout: float = 0.0, philox: Optional[Tensor] = None,
+                    generator: Optional[torch.Generator] = None, csc: Optional[CSC] = None,
+                    validate: bool = False, bias: Optional[Tensor] = None,
+                    perm_inv: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    r"""Fused GATv2 attention: the per-channel scores, edge softmax,
+    attention dropout and aggregation in one pass over a CSR graph, without
+    materialising any :obj:`E x H x C` tensor or the :obj:`E x H` attention
+    matrix:
+
+    .. math::
+        \alpha_{e,h} = \mathrm{softmax}_{e \in \mathrm{row}\ i}\Big(
+        \sum_c a_{h,c} \, \mathrm{LeakyReLU}\big(x^l_{j,h,c} + x^r_{i,h,c}
+        + e_{e,h,c}\big)\Big),
+        \qquad
+        \mathbf{out}_{i,h} = \sum_{e} \alpha_{e,h} \, m_{e,h} \, \mathbf{x}^l_{j,h}
+
+    with :obj:`j = col[e]` and the dropout mask :math:`m` of
+    :func:`gat_attention` (the same Philox scheme); plus :obj:`bias[h]` when
+    given. Each source row :obj:`x_l[j]` is read once per edge, for its score
+    and its aggregation (an online softmax); the backward recomputes the
+    attention from the row log-sum-exp.
+
+    Args:
+        rowptr, col (torch.Tensor): the CSR over destinations (int32/int64).
+        x_l (torch.Tensor): :obj:`[N_src, H, C]` source features (aggregated
+            and scored); float16, bfloat16, float32 or float64.
+        x_r (torch.Tensor): :obj:`[N_dst, H, C]` destination features
+            (scored only).
+        att (torch.Tensor): :obj:`[H, C]` attention vector.
+        e_feat (torch.Tensor, optional): :obj:`[E, H, C]` projected edge
+            features in CSR order.
+        negative_slope, dropout, philox, generator, csc, validate, bias,
+            perm_inv: as for :func:`gat_attention`.
+
+    Returns:
+        :obj:`(out [N_dst, H, C], lse [N_dst, H])`, with the conventions of
+        :func:`gat_attention`. Differentiable in :obj:`x_l`, :obj:`x_r`,
+        :obj:`att`, :obj:`e_feat` and :obj:`bias` (and :obj:`lse`).
+
+    Example:
+        >>> import torch, pyg_multihead_agg as pma
+        >>> rowptr, col = torch.tensor([0, 2, 3]), torch.tensor([0, 1, 1])
+        >>> x_l, x_r = torch.randn(2, 4, 8), torch.randn(2, 4, 8)  # [N, H, C]
+        >>> att = torch.randn(4, 8)
+        >>> out, lse = pma.gatv2_attention(rowptr, col, x_l, x_r, att)
+        >>> out.shape, lse.shape
+        (torch.Size([2, 4, 8]), torch.Size([2, 4]))
+        >>> torch.allclose(out[1], x_l[1])  # a row with one edge: its weight is 1
+        True
+    """
+    if validate:
+        check_csr(rowptr, col, x_l.size(0))
+        if csc is not None:
+            check_csc(csc, rowptr, col, x_l.size(0))
+            if perm_inv is not None:
+                check_perm_inv(perm_inv, csc[2])
+    if dropout > 0 and philox is None:
+        philox = _new_philox(generator)
+    colptr, row, perm = (None, None, None) if csc is None else csc
+    if csc is None:
+        perm_inv = None
+    return _ops.gatv2_attention(rowptr, col, x_l, x_r, e_feat, att, float(negative_slope),
+                                float(dropout), philox, colptr, row, perm, bias, perm_inv)
+
+
+def _check_gatv2(rowptr, col, x_l, x_r, e_feat, att, dropout_p, philox, bias=None):
+    _check_compressed(rowptr, "rowptr", col, "col")
+    _check_value(x_l, "x_l", 3)
+    _check_value(x_r, "x_r", 3)
+    _check_value(att, "att", 2)
+    _check_same(x_r, "x_r", x_l, "x_l")
+    _check_same(att, "att", x_l, "x_l")
+    _check_same(rowptr, "rowptr", x_l, "x_l", dtype=False)
+    num_dst, (num_src, heads, channels) = rowptr.size(0) - 1, x_l.shape
+    torch._check(x_r.size(0) == num_dst and x_r.size(1) == heads and x_r.size(2) == channels,
+                 lambda: f"x_r must have shape [{num_dst}, {heads}, {channels}] "
+                 "(rowptr.numel() - 1, heads, channels)")
+    torch._check(att.size(0) == heads and att.size(1) == channels,
+                 lambda: f"att must have shape [{heads}, {channels}] (heads, channels of x_l)")
+    if e_feat is not None:
+        _check_value(e_feat, "e_feat", 3)
+        _check_same(e_feat, "e_feat", x_l, "x_l")
+        torch._check(e_feat.size(0) == col.size(0) and e_feat.size(1) == heads
+                     and e_feat.size(2) == channels,
+                     lambda: f"e_feat must have shape [{col.size(0)}, {heads}, {channels}] "
+                     "(col.numel(), heads, channels)")
+    torch._check(0.0 <= dropout_p <= 1.0, lambda: f"dropout_p must lie in [0, 1], got {dropout_p}")
+    if dropout_p > 0:
+        torch._check(philox is not None, lambda: "philox (an int64 tensor [seed, offset]) is "
+                     "required when dropout_p > 0")
+    if bias is not None:
+        _check_value(bias, "bias", 2)
+        _check_same(bias, "bias", x_l, "x_l")
+        torch._check(bias.size(0) == heads and bias.size(1) == channels,
+                     lambda: f"bias must have shape [{heads}, {channels}] (heads, channels: "
+                     f"x.size(1), x.size(2)), got {list(bias.shape)}")
+
+
+@torch.library.register_fake("pyg_multihead_agg::gatv2_attention")
+def _(rowptr, col, x_l, x_r, e_feat, att, negative_slope, dropout_p, philox, colptr=None,
+      row=None, perm=None, bias=None, perm_inv=None):
+    _check_gatv2(rowptr, col, x_l, x_r, e_feat, att, dropout_p, philox, bias)
+    num_dst = rowptr.size(0) - 1
+    out = x_l.new_empty(num_dst, x_l.size(1), x_l.size(2))
+    lse = x_l.new_empty(num_dst, x_l.size(1), dtype=_lse_dtype(x_l))
+    return out, lse
+
+
+@torch.library.register_fake("pyg_multihead_agg::gatv2_attention_backward")
+def _(rowptr, col, colptr, row, perm, x_l, x_r, e_feat, att, out, lse, grad_out, grad_lse,
+      negative_slope, dropout_p, philox, bias=None, perm_inv=None):
+    _check_gatv2(rowptr, col, x_l, x_r, e_feat, att, dropout_p, philox, bias)
+    _check_compressed(colptr, "colptr", row, "row")
+    _check_index(perm, "perm")
+    _check_perm_inv(perm_inv, perm, col.size(0))
+    torch._check(grad_out.shape == out.shape, lambda: "grad_out must have the shape of out")
+    num_edges = col.size(0) if e_feat is not None else 0
+    return (torch.empty_like(x_l), torch.empty_like(x_r), torch.empty_like(att),
+            x_l.new_empty(num_edges, x_l.size(1), x_l.size(2)))
+
+
+def _gatv2_setup_context(ctx, inputs, output):
+    (rowptr, col, x_l, x_r, e_feat, att, negative_slope, dropout_p, philox, colptr, row, perm,
+     bias, perm_inv) = inputs
+    out, lse = output
+    ctx.negative_slope, ctx.dropout_p = negative_slope, dropout_p
+    ctx.num_src = x_l.size(0)
+    ctx.has_edge, ctx.has_bias = e_feat is not None, bias is not None
+    # out is the biased output, the one [N_dst, H, C] tensor kept.
+    ctx.save_for_backward(rowptr, col, x_l, x_r, e_feat, att, philox, colptr, row, perm, out,
+                          lse, bias, perm_inv)
+
+
+def _gatv2_backward(ctx, grad_out, grad_lse):
+    (rowptr, col, x_l, x_r, e_feat, att, philox, colptr, row, perm, out, lse, bias,
+     perm_inv) = ctx.saved_tensors
+    needs = ctx.needs_input_grad
+    grad_bias = None
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    if ctx.has_bias and needs[12]:
+        acc = torch.promote_types(grad_out.dtype, torch.float32)
+        grad_bias = grad_out.sum(0, dtype=acc).to(bias.dtype)
+    grads = [None] * 14
+    grads[12] = grad_bias
+    if not (needs[2] or needs[3] or needs[4] or needs[5]):
+        return tuple(grads)
+    if colptr is None:
+        colptr, row, perm = csr_to_csc(rowptr, col, ctx.num_src)
+        perm_inv = None  # only with the caller's CSC
+    gxl, gxr, gatt, gef = _ops.gatv2_attention_backward(
+        rowptr, col, colptr, row, perm, x_l, x_r, e_feat, att, out, lse, grad_out.contiguous(),
+        grad_lse, ctx.negative_slope, ctx.dropout_p, philox, bias, perm_inv)
+    grads[2], grads[3], grads[5] = gxl, gxr, gatt
+    if ctx.has_edge:
+        grads[4] = gef
+    return tuple(grads)
+
+
+torch.library.register_autograd("pyg_multihead_agg::gatv2_attention", _gatv2_backward,
+                                setup_context=_gatv2_setup_context)
+torch.library.register_autograd("pyg_multihead_agg::gatv2_attention_backward",
+                                _no_double_backward,
+                                setup_context=_no_double_backward_context)

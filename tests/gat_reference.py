@@ -1,12 +1,13 @@
-"""Plain-PyTorch references for the fused GAT attention op (docs/gat_attention.md).
+"""Plain-PyTorch references for the fused attention ops (docs/gat_attention.md).
 
 * ``philox4x32_10`` / ``dropout_keep``: Philox4x32-10 exactly as csrc/philox.h,
   vectorised over int64 tensors that hold uint32 values (every result is masked
   with ``& 0xFFFFFFFF``), so the tests can check the kernels' dropout masks bit
   for bit.
-* ``reference_gat_attention``: the float64 forward from differentiable torch
-  ops, so that ``torch.autograd`` gives reference gradients (including the
-  gradient through ``lse`` and that of the optional bias).
+* ``reference_gat_attention`` / ``reference_gatv2_attention``: the float64
+  forwards from differentiable torch ops, so that ``torch.autograd`` gives
+  reference gradients (including the gradient through ``lse`` and that of the
+  optional bias).
 """
 from typing import Optional, Tuple
 
@@ -107,21 +108,46 @@ def reference_gat_attention(rowptr: Tensor, col: Tensor, s_src: Tensor, s_dst: T
     give out = 0 (+ bias) and lse = -inf (with zero gradient). ``bias``
     ([H, D]) is added to every row of out.
     """
-    def f64(t):
-        if t.dtype == torch.float64 and t.device.type == "cpu":
-            return t
-        return t.detach().cpu().double()
-
-    s_src, s_dst, x = f64(s_src), f64(s_dst), f64(x)
-    num_dst, heads = rowptr.numel() - 1, x.size(1)
+    s_src, s_dst, x = _f64(s_src), _f64(s_dst), _f64(x)
     rows, col = edge_rows(rowptr), col.long().cpu()
-    num_edges = col.numel()
-
     z = s_src[col] + s_dst[rows]
     if s_edge is not None:
-        z = z + f64(s_edge)
+        z = z + _f64(s_edge)
     logits = torch.nn.functional.leaky_relu(z, negative_slope)  # [E, H]
+    return _softmax_aggregate(rowptr, col, logits, x, dropout, philox, bias)
 
+
+def reference_gatv2_attention(rowptr: Tensor, col: Tensor, x_l: Tensor, x_r: Tensor, att: Tensor,
+                              e_feat: Optional[Tensor] = None, negative_slope: float = 0.2,
+                              dropout: float = 0.0, philox: Optional[Tensor] = None,
+                              bias: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """float64 CPU (out [N_dst, H, C], lse [N_dst, H]) of the fused GATv2
+    attention: logits sum_c att[h, c] * leaky_relu(x_l[j] + x_r[i] (+ e_feat[e])),
+    then the softmax, dropout and aggregation of ``reference_gat_attention``.
+    """
+    x_l, x_r, att = _f64(x_l), _f64(x_r), _f64(att)
+    rows, col = edge_rows(rowptr), col.long().cpu()
+    z = x_l[col] + x_r[rows]
+    if e_feat is not None:
+        z = z + _f64(e_feat)
+    logits = (torch.nn.functional.leaky_relu(z, negative_slope) * att).sum(-1)  # [E, H]
+    return _softmax_aggregate(rowptr, col, logits, x_l, dropout, philox, bias)
+
+
+def _f64(t: Tensor) -> Tensor:
+    # float64 CPU tensors as given (so that gradients reach them), others converted.
+    if t.dtype == torch.float64 and t.device.type == "cpu":
+        return t
+    return t.detach().cpu().double()
+
+
+def _softmax_aggregate(rowptr: Tensor, col: Tensor, logits: Tensor, x: Tensor, dropout: float,
+                       philox: Optional[Tensor], bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """out = sum over each row of softmax(logits) * mask * x[col] (+ bias), and lse.
+    Rows without edges give out = 0 (+ bias) and lse = -inf (zero gradient)."""
+    num_dst, heads = rowptr.numel() - 1, x.size(1)
+    rows = edge_rows(rowptr)
+    num_edges = col.numel()
     # Row-wise logsumexp with the exact row maximum (a constant shift, so it
     # is detached). Empty rows: the maximum stays -inf; shift them by 0.
     index = rows.unsqueeze(1).expand(-1, heads)
@@ -138,11 +164,11 @@ def reference_gat_attention(rowptr: Tensor, col: Tensor, s_src: Tensor, s_dst: T
     alpha = torch.exp(logits - lse[rows])  # the edge softmax
     if dropout > 0:
         if philox is None:
-            raise ValueError("reference_gat_attention: dropout > 0 needs philox")
+            raise ValueError("the reference attention: dropout > 0 needs philox")
         seed, offset = (int(v) for v in philox.tolist())
         alpha = alpha * dropout_scale(seed, offset, num_edges, heads, dropout)
     out = torch.zeros(num_dst, heads, x.size(2), dtype=torch.float64).index_add(
         0, rows, alpha.unsqueeze(-1) * x[col])
     if bias is not None:
-        out = out + f64(bias)
+        out = out + _f64(bias)
     return out, lse

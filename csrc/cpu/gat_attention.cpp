@@ -33,36 +33,16 @@
 
 #include "../checks.h"
 #include "../philox.h"
+#include "attention.h"
 #include "graph_checks.h"
 #include "loops.h"
 
 namespace pyg_multihead_agg {
 namespace {
 
-// The dropout generator and the scale of a kept element, 1 / (1 - p) (0 when
-// p == 1, where nothing is kept).
-struct Dropout {
-  DropoutRng rng;
-  double keep_scale = 1.0;
-};
-
-Dropout make_dropout(double dropout_p, const std::optional<at::Tensor>& philox) {
-  Dropout d;
-  if (philox.has_value() && philox->defined()) {
-    const auto p = philox->contiguous();
-    const int64_t* v = p.data_ptr<int64_t>();
-    d.rng.seed = static_cast<uint64_t>(v[0]);
-    d.rng.offset = static_cast<uint64_t>(v[1]);
-  }
-  d.rng.threshold = dropout_threshold(dropout_p);
-  d.keep_scale = dropout_p < 1.0 ? 1.0 / (1.0 - dropout_p) : 0.0;
-  return d;
-}
-
-template <typename acc_t>
-inline acc_t leaky_relu(acc_t z, acc_t negative_slope) {
-  return z > acc_t(0) ? z : z * negative_slope;
-}
+using cpu::Dropout;
+using cpu::leaky_relu;
+using cpu::make_dropout;
 
 std::tuple<at::Tensor, at::Tensor> gat_attention_cpu(
     const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& s_src,
@@ -240,33 +220,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backwar
 
       const bool has_dropout = dropout_p > 0.0;
 
-      cpu::with_width(D, [&](auto width) {
-        // 1. delta per destination; validates the CSR (the last pass reads it).
-        cpu::parallel_rows(rp, N_dst, [&](int64_t begin, int64_t end) CPU_KERNEL_INLINE_LAMBDA {
-          std::vector<scalar_t> attention(width);
-          for (int64_t i = begin; i < end; ++i) {
-            cpu::check_range(rp[i], rp[i + 1], E, "rowptr", i);
-            for (int64_t e = rp[i]; e < rp[i + 1]; ++e) {
-              cpu::check_index_value(cp[e], N_src, "col", e);
-            }
-            for (int64_t h = 0; h < H; ++h) {
-              const scalar_t* g = gop + i * HD + h * width;
-              const scalar_t* o = outp + i * HD + h * width;
-              if (bp == nullptr) {
-                dp[i * H + h] = cpu::dot<acc_t>(g, o, int64_t(width));
-              } else {  // the attention output: out - bias, in acc_t
-                const scalar_t* b = bp + h * width;
-                acc_t dot = 0;
-                for (int64_t d = 0; d < width; ++d) {
-                  dot += static_cast<acc_t>(g[d]) *
-                         (static_cast<acc_t>(o[d]) - static_cast<acc_t>(b[d]));
-                }
-                dp[i * H + h] = dot;
-              }
-            }
-          }
-        });
+      // 1. delta per destination; validates the CSR (the last pass reads it).
+      cpu::row_deltas(rp, cp, N_dst, N_src, E, H, D, gop, outp, bp, dp);
 
+      cpu::with_width(D, [&](auto width) {
         // 2. Sources over the CSC: grad_x, grad_s_src and gz.
         cpu::parallel_rows(ccp, N_src, [&](int64_t begin, int64_t end) CPU_KERNEL_INLINE_LAMBDA {
           std::vector<acc_t> acc_x(HD), acc_s(H), src(H);

@@ -23,7 +23,7 @@
 namespace pyg_multihead_agg {
 
 template <typename scalar_t, typename index_t>
-void launch_gat_backward_heads(GatParams<scalar_t, index_t> p, const scalar_t* out,
+void launch_gat_backward_heads(AttentionParams<scalar_t, index_t> p, const scalar_t* out,
                                const HeadConfig& c, const at::TensorOptions& options) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int kVec = vec_width<scalar_t>();
@@ -58,7 +58,7 @@ void launch_gat_backward_heads(GatParams<scalar_t, index_t> p, const scalar_t* o
 
 #define INSTANTIATE(scalar_t, index_t) \
   template void launch_gat_backward_heads<scalar_t, index_t>( \
-      GatParams<scalar_t, index_t>, const scalar_t*, const HeadConfig&, const at::TensorOptions&);
+      AttentionParams<scalar_t, index_t>, const scalar_t*, const HeadConfig&, const at::TensorOptions&);
 FOR_EACH_FLOAT_AND_INDEX(INSTANTIATE)
 #undef INSTANTIATE
 

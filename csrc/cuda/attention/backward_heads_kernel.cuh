@@ -47,7 +47,7 @@ __device__ __forceinline__ at::opmath_type<scalar_t> head_dot(
 template <typename scalar_t, typename index_t, int V, int VPL>
 __device__ __forceinline__ void attend_backward(at::opmath_type<scalar_t> (&acc)[VPL][V],
                                                 at::opmath_type<scalar_t>& gsrc,
-                                                const GatParams<scalar_t, index_t>& p, int64_t j,
+                                                const AttentionParams<scalar_t, index_t>& p, int64_t j,
                                                 int h, int64_t lo, int64_t hi,
                                                 const Vec<scalar_t, V> (&xr)[VPL],
                                                 const HeadLanes<VPL>& m, int lane,
@@ -114,7 +114,7 @@ __device__ __forceinline__ void attend_backward(at::opmath_type<scalar_t> (&acc)
 namespace {  // internal linkage: each instance is launched by one .cu
 template <typename scalar_t, typename index_t, int V, int VPL>
 __global__ void __launch_bounds__(kThreads, 1)
-    gat_backward_kernel(const GatParams<scalar_t, index_t> p, const WorkList wl) {
+    gat_backward_kernel(const AttentionParams<scalar_t, index_t> p, const WorkList wl) {
   using acc_t = at::opmath_type<scalar_t>;
   __shared__ acc_t red[kThreads * VPL * V];
   __shared__ acc_t s_gsrc[kThreads];
@@ -168,7 +168,7 @@ namespace {  // internal linkage: each instance is launched by one .cu
 // (row, head) with the lane layout of the backward kernel (see head_dot).
 template <typename scalar_t, typename index_t, int V, int VPL>
 __global__ void __launch_bounds__(kThreads)
-    gat_delta_kernel(const GatParams<scalar_t, index_t> p, const scalar_t* __restrict__ out,
+    gat_delta_kernel(const AttentionParams<scalar_t, index_t> p, const scalar_t* __restrict__ out,
                      at::opmath_type<scalar_t>* __restrict__ delta) {
   const int G = p.G, lane = threadIdx.x & (G - 1);
   const unsigned mask = group_mask(G);

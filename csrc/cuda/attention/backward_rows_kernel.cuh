@@ -1,19 +1,23 @@
-// gat_backward_rows_kernel and gat_aux_kernel: the fused attention backward,
-// all heads of a source row per group (the fast path).
+// attention_backward_rows_kernel and gat_aux_kernel: the backward of the
+// fused attention skeleton, all heads of a source row per group, for every
+// score policy (scores.cuh).
 //
 // A group of G lanes owns a whole row of H * D features in 16-byte vectors,
-// VPL per lane (vector v = lane + G * k, as in the spmm kernels); a head spans
-// S = D / V lanes, a power of two that divides G, so the vectors of head h lie
-// in S aligned lanes of one pass k and its dot products are S-lane
-// butterflies. Per CSC entry (i = row[k], e = perm[k]) the group loads the two
-// indices once for all heads, gathers grad_out[i] as one coalesced row, loads
-// one packed (s_dst, lse, delta - grad_lse) per head (RowAux, written by
-// gat_aux_kernel first), and writes grad_z[e, 0:H] as one contiguous store.
-// The per-head kernel (backward_heads_kernel.cuh) loads the indices H times,
-// each head's scores from three arrays, and walks a hub column head by head
-// with one block; here long columns are cut into slices (SliceList) that any
-// group takes, and sum_slices_kernel adds the slices' partial sums in slice
-// order.
+// VPL per lane (vector v = lane + G * k, as in the spmm kernels; padded heads
+// for policies other than GAT, see RowLanes); a head spans S lanes, a power
+// of two that divides G, so the vectors of head h lie in S aligned lanes of
+// one pass k and its dot products are S-lane butterflies. Per CSC entry
+// (i = row[k], e = perm[k]) the group loads the two indices once for all
+// heads, gathers grad_out[i] as one coalesced row, loads one packed
+// (s_dst, lse, delta - grad_lse) per head (RowAux, written by gat_aux_kernel
+// first) and what the policy needs of the entry (GAT: s_edge[e]; GATv2:
+// x_r[i] and e_feat[e]), and hands them to the policy, which accumulates
+// grad_x[j] and its own gradients and writes the per-edge logit gradient
+// grad_z[e, 0:H] for the destination pass. The per-head kernel
+// (backward_heads_kernel.cuh) loads the indices H times, each head's scores
+// from three arrays, and walks a hub column head by head with one block; here
+// long columns are cut into slices (SliceList) that any group takes, and
+// sum_slices_kernel adds the slices' partial sums in slice order.
 #pragma once
 
 #include <ATen/OpMathType.h>
@@ -28,16 +32,10 @@
 #include "../utils/work_list.cuh"
 #include "head_lanes.cuh"
 #include "params.cuh"
+#include "scores.cuh"
 #include "softmax.cuh"
 
 namespace pyg_multihead_agg {
-
-// What the backward needs of destination row i, head h, in one 16-byte load
-// (two for float64).
-template <typename acc_t>
-struct alignas(4 * sizeof(acc_t)) RowAux {
-  acc_t sd, lse, dl, pad;  // s_dst[i, h], lse[i, h], delta[i, h] - grad_lse[i, h]
-};
 
 template <typename acc_t>
 __device__ __forceinline__ RowAux<acc_t> load_aux(bool pred, const RowAux<acc_t>* p) {
@@ -53,12 +51,12 @@ __device__ __forceinline__ RowAux<acc_t> load_aux(bool pred, const RowAux<acc_t>
   return a;
 }
 
-// grad_x (acc) and grad_s_src (gsrc) of source j over its CSC entries
-// [lo, hi), all heads; writes grad_z[e, :] of each entry.
-template <typename scalar_t, typename index_t, int V, int VPL>
+// grad_x (acc) of source j over its CSC entries [lo, hi), all heads, and the
+// policy's gradients (in score, which has loaded the source).
+template <class Score, typename scalar_t, typename index_t, int V, int VPL>
 __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VPL][V],
-                                             at::opmath_type<scalar_t> (&gsrc)[VPL],
-                                             const GatParams<scalar_t, index_t>& p, int64_t j,
+                                             Score& score,
+                                             const AttentionParams<scalar_t, index_t>& p, int64_t j,
                                              int64_t lo, int64_t hi, const RowLanes<V, VPL>& m,
                                              int lane, unsigned mask) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -69,16 +67,14 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
   const auto* aux = static_cast<const RowAux<acc_t>*>(p.aux);
   const int S = p.S, q = lane & (S - 1);
   Vec<scalar_t, V> xr[VPL];
-  acc_t ss[VPL];
 #pragma unroll
   for (int k = 0; k < VPL; ++k) {
     xr[k] = m.valid[k] ? load_vec<scalar_t, V>(p.x + j * p.HD + m.feat[k])
                        : zero_vec<scalar_t, V>();
-    ss[k] = m.valid[k] ? load_value(p.s_src + j * p.H + m.head[k]) : acc_t(0);
-    gsrc[k] = 0;
 #pragma unroll
     for (int v = 0; v < V; ++v) acc[k][v] = 0;
   }
+  score.load_source(p, j, m);
   // With 32-bit indices, the entries' indices one step ahead: a step's
   // gathers wait only for indices loaded during the previous step's
   // arithmetic. (64-bit ones would take 16 more registers: 4 blocks instead
@@ -111,13 +107,12 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
             use, p.grad_out + static_cast<int64_t>(i[u]) * p.HD + m.feat[k]);
         ax[u][k] = load_aux(use, aux + static_cast<int64_t>(i[u]) * p.H + m.head[k]);
       }
-    acc_t se[U][VPL];  // s_edge[e, h], added last as in the forward's z
+    typename Score::BEntry be[U][VPL];
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int k = 0; k < VPL; ++k)
-        se[u][k] = load_value_if(ok[u] && m.valid[k] && p.s_edge != nullptr,
-                                 p.s_edge + static_cast<int64_t>(e[u]) * p.H + m.head[k]);
+        be[u][k] = score.load_bentry(p, m, k, ok[u] && m.valid[k], i[u], e[u]);
     unsigned keep[VPL];
     if (p.rng.threshold != 0)
       draw_keep_bits<U, VPL>(keep, p.rng, p.perm, k0, hi, q, p.log2S, m.head);
@@ -131,19 +126,9 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
         const acc_t dot = lanes_sum(vec_dot<scalar_t, V>(gv[u][k], xr[k]), S, mask);
         const acc_t mk =
             p.rng.threshold != 0 ? keep_scale(keep[k], u, S, p.log2S, mask, p.scale) : acc_t(1);
-        if (!(ok[u] && m.valid[k])) continue;
-        acc_t z = ss[k] + ax[u][k].sd;
-        z += se[u][k];
-        const acc_t alpha = exp_(leaky(z, p.negative_slope) - ax[u][k].lse);
-        const acc_t w = alpha * mk;
-        axpy_vec(acc[k], w, gv[u][k]);
-        const acc_t gz =
-            alpha * (mk * dot - ax[u][k].dl) * (z > acc_t(0) ? acc_t(1) : p.negative_slope);
-        gsrc[k] += gz;
-        if (q == 0) {
-          const int64_t zi = p.perm_inv != nullptr ? k0 + u : static_cast<int64_t>(e[u]);
-          p.grad_z[zi * p.H + m.head[k]] = gz;
-        }
+        const int64_t zi = p.perm_inv != nullptr ? k0 + u : static_cast<int64_t>(e[u]);
+        score.backward(p, m, k, ok[u] && m.valid[k], q, mask, dot, mk, gv[u][k], xr[k],
+                       ax[u][k], be[u][k], acc[k], zi, static_cast<int64_t>(e[u]));
       }
     }
     if constexpr (kPrefetch) {
@@ -156,10 +141,10 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
   }
 }
 
-// The same pass for one vector per lane and kS = 4 or 8 lanes per head (the
-// common shapes: float32 heads of 16 or 32 channels, bf16/fp16 heads of 32;
-// kS = 8 is float32 only), with the per-entry scalar work done once instead
-// of in all kS lanes of a head. backward_row repeats the softmax arithmetic
+// The same pass for GAT (scalar scores), one vector per lane and kS = 4 or 8
+// lanes per head (the common shapes: float32 heads of 16 or 32 channels,
+// bf16/fp16 heads of 32; kS = 8 is float32 only), with the per-entry scalar
+// work done once instead of in all kS lanes of a head. backward_row repeats the softmax arithmetic
 // (exp, leaky_relu, the logit gradient, the grad_z store) in every lane and
 // runs one kS-lane butterfly per entry; ncu measured 152 warp instructions per
 // CSC entry there (reddit-like, float32), bound by issue and latency at 5
@@ -176,7 +161,7 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
 template <int kS, typename scalar_t, typename index_t, int V>
 __device__ __forceinline__ void backward_row_transposed(
     at::opmath_type<scalar_t> (&acc)[1][V], at::opmath_type<scalar_t> (&gsrc)[1],
-    const GatParams<scalar_t, index_t>& p, int64_t j, int64_t lo, int64_t hi,
+    const AttentionParams<scalar_t, index_t>& p, int64_t j, int64_t lo, int64_t hi,
     const RowLanes<V, 1>& m, int lane, unsigned mask) {
   using acc_t = at::opmath_type<scalar_t>;
   static_assert(kS == 4 || kS == 8, "4 or 8 lanes per head");
@@ -266,43 +251,50 @@ __device__ __forceinline__ void backward_row_transposed(
 }
 
 namespace {  // internal linkage: each instance is launched by one .cu
-// kS = 4 or 8: backward_row_transposed for heads of kS lanes (VPL = 1); kS =
-// 0: backward_row.
-template <typename scalar_t, typename index_t, int V, int VPL, int kS>
-__global__ void __launch_bounds__(kBackwardThreads, backward_min_blocks<scalar_t, VPL, kS>())
-    gat_backward_rows_kernel(const GatParams<scalar_t, index_t> p, const SliceList sl) {
+// ScoreT: the policy (scores.cuh). kS = 4 or 8 (GAT): backward_row_transposed
+// for heads of kS lanes (VPL = 1); kS = 0: backward_row.
+template <template <typename, typename, int, int> class ScoreT, typename scalar_t,
+          typename index_t, int V, int VPL, int kS>
+__global__ void __launch_bounds__(kBackwardThreads,
+                                  backward_min_blocks<scalar_t, VPL, kS,
+                                                      ScoreT<scalar_t, index_t, V, VPL>::kScalar>())
+    attention_backward_rows_kernel(const AttentionParams<scalar_t, index_t> p,
+                                   const SliceList sl) {
   using acc_t = at::opmath_type<scalar_t>;
+  using Score = ScoreT<scalar_t, index_t, V, VPL>;
   const int G = p.G, lane = threadIdx.x & (G - 1);
   const unsigned mask = group_mask(G);
-  const RowLanes<V, VPL> m(lane, G, p.log2S, p.H);
+  const auto m = score_lanes<Score, V, VPL>(lane, G, p.log2S, p.H, p.D);
   const bool leader = (lane & (p.S - 1)) == 0;
+  Score score;
+  score.init(p, m);
   // One pass over the entries [lo, hi) of column j.
-  auto pass = [&](acc_t(&acc)[VPL][V], acc_t(&gsrc)[VPL], int64_t j, int64_t lo, int64_t hi) {
+  auto pass = [&](acc_t(&acc)[VPL][V], int64_t j, int64_t lo, int64_t hi) {
     if constexpr (kS != 0) {
-      static_assert(VPL == 1, "one vector per lane");
-      backward_row_transposed<kS>(acc, gsrc, p, j, lo, hi, m, lane, mask);
+      static_assert(VPL == 1 && Score::kScalar, "one vector per lane, scalar scores");
+      backward_row_transposed<kS>(acc, score.gsrc, p, j, lo, hi, m, lane, mask);
     } else {
-      backward_row(acc, gsrc, p, j, lo, hi, m, lane, mask);
+      backward_row(acc, score, p, j, lo, hi, m, lane, mask);
     }
   };
   auto slice = [&](int64_t slot, int64_t j, int64_t lo, int64_t hi) {
-    acc_t acc[VPL][V], gsrc[VPL];
-    pass(acc, gsrc, j, lo, hi);
+    acc_t acc[VPL][V];
+    pass(acc, j, lo, hi);
 #pragma unroll
     for (int k = 0; k < VPL; ++k) {
       if (!m.valid[k]) continue;
       store_vec<acc_t, V>(p.part_x + slot * p.HD + m.feat[k], acc[k]);
-      if (leader) p.part_src[slot * p.H + m.head[k]] = gsrc[k];
+      score.store_slice(p, slot, m, k, leader);
     }
   };
   auto row = [&](int64_t j, int64_t lo, int64_t hi) {
-    acc_t acc[VPL][V], gsrc[VPL];
-    pass(acc, gsrc, j, lo, hi);
+    acc_t acc[VPL][V];
+    pass(acc, j, lo, hi);
 #pragma unroll
     for (int k = 0; k < VPL; ++k) {
       if (!m.valid[k]) continue;
       store_vec<scalar_t, V>(p.out + j * p.HD + m.feat[k], acc[k]);
-      if (leader) p.grad_s_src[j * p.H + m.head[k]] = static_cast<scalar_t>(gsrc[k]);
+      score.store_source(p, j, m, k, leader);
     }
   };
   for_each_slice_or_row(p.ptr, p.num_edges, sl, G, slice, row);
@@ -312,17 +304,18 @@ __global__ void __launch_bounds__(kBackwardThreads, backward_min_blocks<scalar_t
 namespace {  // internal linkage: each instance is launched by one .cu
 // aux[i, h] = (s_dst, lse, delta - grad_lse) with delta[i, h] = <grad_out[i, h],
 // out[i, h] - bias[h]>, one group per destination row, in the lane layout of
-// gat_backward_rows_kernel (vec_dot, then lanes_sum; without a bias the
+// attention_backward_rows_kernel (padded: the GATv2 layout) (vec_dot, then lanes_sum; without a bias the
 // subtracted vector is zero, so a single-edge row's delta is still its dot
 // bit for bit).
 template <typename scalar_t, typename index_t, int V, int VPL>
 __global__ void __launch_bounds__(kThreads)
-    gat_aux_kernel(const GatParams<scalar_t, index_t> p, const scalar_t* __restrict__ out,
+    gat_aux_kernel(const AttentionParams<scalar_t, index_t> p, const scalar_t* __restrict__ out,
                    RowAux<at::opmath_type<scalar_t>>* __restrict__ aux) {
   using acc_t = at::opmath_type<scalar_t>;
   const int G = p.G, lane = threadIdx.x & (G - 1);
   const unsigned mask = group_mask(G);
-  const RowLanes<V, VPL> m(lane, G, p.log2S, p.H);
+  // (padded lanes: the same vectors as the unpadded layout when D = S * V)
+  const RowLanes<V, VPL> m(lane, G, p.log2S, p.H, p.D);
   const bool leader = (lane & (p.S - 1)) == 0;
   const int64_t groups = static_cast<int64_t>(gridDim.x) * (kThreads / G);
   for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads / G) + threadIdx.x / G;
@@ -338,7 +331,7 @@ __global__ void __launch_bounds__(kThreads)
       if (leader && m.valid[k]) {
         const int64_t ih = i * p.H + m.head[k];
         RowAux<acc_t> a;
-        a.sd = load_value(p.s_dst + ih);
+        a.sd = p.s_dst != nullptr ? load_value(p.s_dst + ih) : acc_t(0);  // GAT only
         a.lse = p.lse_in[ih];
         a.dl = d - (p.grad_lse != nullptr ? p.grad_lse[ih] : acc_t(0));
         a.pad = 0;

@@ -1,6 +1,7 @@
-// The fused GAT attention's CUDA entry points: input checks, the choice
-// between the all-heads kernels (fast path) and the per-head ones (other
-// shapes), and the CUDA IMPL block. The kernels and their launchers are in the
+// The fused attention's CUDA entry points (gat_attention, gatv2_attention):
+// input checks, the choice between the all-heads kernels (fast path) and,
+// for GAT, the per-head ones (other shapes; GATv2 pads them instead), and the
+// CUDA IMPL block. The kernels and their launchers are in the
 // other files of this folder (launchers.cuh lists them); docs/gat_attention.md
 // describes the design.
 //
@@ -14,10 +15,12 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
 #include <climits>
+#include <initializer_list>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -36,7 +39,7 @@ namespace pyg_multihead_agg {
 namespace {
 
 template <typename scalar_t, typename index_t>
-void launch_gat_forward(const GatParams<scalar_t, index_t>& p, const at::TensorOptions& options) {
+void launch_gat_forward(const AttentionParams<scalar_t, index_t>& p, const at::TensorOptions& options) {
   const bool aligned = is_aligned(p.x, 16) && is_aligned(p.out, 16);
   const auto rc = row_config<scalar_t>(p.H, p.D, aligned);
   if (rc.ok) {
@@ -48,7 +51,7 @@ void launch_gat_forward(const GatParams<scalar_t, index_t>& p, const at::TensorO
 
 // The CSC pass (grad_x, grad_s_src, grad_z), then the row sums (grad_s_dst).
 template <typename scalar_t, typename index_t>
-void launch_gat_backward(const GatParams<scalar_t, index_t>& p, const scalar_t* out,
+void launch_gat_backward(const AttentionParams<scalar_t, index_t>& p, const scalar_t* out,
                          scalar_t* grad_dst, const index_t* rowptr,
                          const at::TensorOptions& options) {
   constexpr int kVec = vec_width<scalar_t>();
@@ -113,7 +116,7 @@ std::tuple<at::Tensor, at::Tensor> gat_attention_cuda(
   FLOAT_SWITCH(x.scalar_type(), "gat_attention", [&] {
     INDEX_SWITCH(rowptr.scalar_type(), "gat_attention", [&] {
       using acc_t = at::opmath_type<scalar_t>;
-      GatParams<scalar_t, index_t> p{};
+      AttentionParams<scalar_t, index_t> p{};
       p.ptr = rowptr_c.data_ptr<index_t>();
       p.idx = col_c.data_ptr<index_t>();
       p.s_src = src_c.data_ptr<scalar_t>();
@@ -194,7 +197,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backwar
   FLOAT_SWITCH(x.scalar_type(), "gat_attention_backward", [&] {
     INDEX_SWITCH(rowptr.scalar_type(), "gat_attention_backward", [&] {
       using acc_t = at::opmath_type<scalar_t>;
-      GatParams<scalar_t, index_t> p{};
+      AttentionParams<scalar_t, index_t> p{};
       p.ptr = colptr_c.data_ptr<index_t>();
       p.idx = row_c.data_ptr<index_t>();
       p.perm = perm_c.data_ptr<index_t>();
@@ -236,11 +239,204 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backwar
   return {grad_x, grad_src, grad_dst, grad_edge};
 }
 
+// GATv2 takes heads of a whole number of 16-byte vectors, 16-byte aligned:
+// other inputs go in as copies padded with zero channels (zero in x_l, x_r,
+// e_feat and att: the scores are unchanged, the padded outputs are sliced
+// off). The channels of the padded heads.
+template <typename scalar_t>
+int64_t gatv2_padded_channels(int64_t D, std::initializer_list<const at::Tensor*> inputs) {
+  constexpr int kVec = vec_width<scalar_t>();
+  bool aligned = D % kVec == 0;
+  for (const at::Tensor* t : inputs)
+    if (t->defined()) aligned = aligned && t->is_contiguous() && is_aligned(t->data_ptr(), 16);
+  return aligned ? D : (D + kVec - 1) / kVec * kVec;
+}
+
+// t [..., D] -> [..., Dp], contiguous, zeros in the new channels.
+at::Tensor pad_channels(const at::Tensor& t, int64_t Dp) {
+  if (!t.defined()) return t;
+  const int64_t D = t.size(-1);
+  if (Dp == D) return t.contiguous();
+  auto sizes = t.sizes().vec();
+  sizes.back() = Dp;
+  auto padded = at::zeros(sizes, t.options());
+  padded.narrow(-1, 0, D).copy_(t);
+  return padded;
+}
+
+at::Tensor crop_channels(const at::Tensor& t, int64_t D) {
+  return t.size(-1) == D ? t : t.narrow(-1, 0, D).contiguous();
+}
+
+template <typename scalar_t>
+RowConfig gatv2_checked_config(int64_t H, int64_t Dp, const char* op) {
+  const RowConfig rc = gatv2_row_config<scalar_t>(H, Dp);
+  constexpr int kVec = vec_width<scalar_t>();
+  TORCH_CHECK(rc.ok, op, ": the CUDA kernel supports heads of at most ", 32 * kVec,
+              " channels for this dtype, with heads * next_pow2(ceil(channels / ", kVec,
+              ")) <= 128; got ", H, " heads of ", Dp, " channels");
+  return rc;
+}
+
+std::tuple<at::Tensor, at::Tensor> gatv2_attention_cuda(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& x_l,
+    const at::Tensor& x_r, const std::optional<at::Tensor>& e_feat, const at::Tensor& att,
+    double negative_slope, double dropout_p, const std::optional<at::Tensor>& philox,
+    const std::optional<at::Tensor>& /*colptr*/, const std::optional<at::Tensor>& /*row*/,
+    const std::optional<at::Tensor>& /*perm*/, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& /*perm_inv*/) {
+  const auto s =
+      check_gatv2_attention(rowptr, col, x_l, x_r, e_feat, att, dropout_p, philox, bias);
+  TORCH_CHECK(x_l.is_cuda(), "x_l must be a CUDA tensor for the CUDA kernel");
+  const c10::cuda::CUDAGuard guard(x_l.device());
+  TORCH_CHECK(s.H * s.D <= INT_MAX, "heads * channels must be below 2^31");
+  const auto lse_dtype = at::toOpMathType(x_l.scalar_type());
+  const bool has_bias = bias.has_value() && bias->defined();
+  const bool has_edge = e_feat.has_value() && e_feat->defined();
+  if (s.N_dst == 0 || s.H == 0 || s.E == 0 || s.D == 0) {
+    // Every logit is 0 (no channels) or there is none: lse = log(degree)
+    // (-inf for rows without edges), out = 0 (+ bias).
+    auto out = at::zeros({s.N_dst, s.H, s.D}, x_l.options());
+    if (has_bias) out.add_(*bias);
+    auto lse = rowptr.diff().to(lse_dtype).log_().unsqueeze(1).expand({s.N_dst, s.H});
+    return {out, lse.contiguous()};
+  }
+  at::Tensor out, lse = at::empty({s.N_dst, s.H}, x_l.options().dtype(lse_dtype));
+  const auto rowptr_c = rowptr.contiguous(), col_c = col.contiguous();
+  const at::Tensor ef = has_edge ? *e_feat : at::Tensor();
+  FLOAT_SWITCH(x_l.scalar_type(), "gatv2_attention", [&] {
+    const int64_t Dp = gatv2_padded_channels<scalar_t>(s.D, {&x_l, &x_r, &ef, &att});
+    const RowConfig rc = gatv2_checked_config<scalar_t>(s.H, Dp, "gatv2_attention");
+    const auto xl_c = pad_channels(x_l, Dp), xr_c = pad_channels(x_r, Dp);
+    const auto ef_c = pad_channels(ef, Dp), att_c = pad_channels(att, Dp);
+    // Every row is written by the kernel (rows without edges get zeros, -inf).
+    auto out_p = at::empty({s.N_dst, s.H, Dp}, x_l.options());
+    INDEX_SWITCH(rowptr.scalar_type(), "gatv2_attention", [&] {
+      using acc_t = at::opmath_type<scalar_t>;
+      AttentionParams<scalar_t, index_t> p{};
+      p.ptr = rowptr_c.data_ptr<index_t>();
+      p.idx = col_c.data_ptr<index_t>();
+      p.x = xl_c.data_ptr<scalar_t>();
+      p.x_dst = xr_c.data_ptr<scalar_t>();
+      p.e_feat = has_edge ? ef_c.data_ptr<scalar_t>() : nullptr;
+      p.att = att_c.data_ptr<scalar_t>();
+      p.out = out_p.data_ptr<scalar_t>();
+      p.lse_out = lse.data_ptr<acc_t>();
+      p.num_rows = s.N_dst;
+      p.num_gathered = s.N_src;
+      p.num_edges = s.E;
+      p.H = static_cast<int>(s.H);
+      p.D = static_cast<int>(Dp);
+      p.HD = static_cast<int>(s.H * Dp);
+      p.negative_slope = static_cast<acc_t>(negative_slope);
+      p.scale = dropout_scale<acc_t>(dropout_p);
+      p.rng = make_rng(dropout_p, philox);
+      launch_gatv2_forward_rows(p, rc, rowptr.options());
+    });
+    out = crop_channels(out_p, s.D);
+  });
+  if (has_bias) out.add_(*bias);
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_attention_backward_cuda(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
+    const at::Tensor& row, const at::Tensor& perm, const at::Tensor& x_l, const at::Tensor& x_r,
+    const std::optional<at::Tensor>& e_feat, const at::Tensor& att, const at::Tensor& out,
+    const at::Tensor& lse, const at::Tensor& grad_out, const std::optional<at::Tensor>& grad_lse,
+    double negative_slope, double dropout_p, const std::optional<at::Tensor>& philox,
+    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& perm_inv) {
+  const auto s = check_gatv2_attention_backward(rowptr, col, colptr, row, perm, x_l, x_r, e_feat,
+                                                att, out, lse, grad_out, grad_lse, dropout_p,
+                                                philox, bias, perm_inv);
+  TORCH_CHECK(x_l.is_cuda(), "x_l must be a CUDA tensor for the CUDA kernel");
+  const c10::cuda::CUDAGuard guard(x_l.device());
+  const bool has_edge = e_feat.has_value() && e_feat->defined();
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (s.E == 0 || s.H == 0 || s.N_dst == 0 || s.N_src == 0 || s.D == 0) {
+    return {at::zeros_like(x_l), at::zeros_like(x_r), at::zeros_like(att),
+            at::zeros({has_edge ? s.E : 0, s.H, s.D}, x_l.options())};
+  }
+  const auto acc_dtype = at::toOpMathType(x_l.scalar_type());
+  const bool has_inv = perm_inv.has_value() && perm_inv->defined();
+  const auto inv_c = has_inv ? perm_inv->contiguous() : at::Tensor();
+  const bool has_glse = grad_lse.has_value() && grad_lse->defined();
+  const auto glse_c = has_glse ? grad_lse->contiguous() : at::Tensor();
+  const auto lse_c = lse.contiguous();
+  const auto rowptr_c = rowptr.contiguous(), colptr_c = colptr.contiguous();
+  const auto row_c = row.contiguous(), perm_c = perm.contiguous();
+  const at::Tensor ef = has_edge ? *e_feat : at::Tensor();
+  const at::Tensor bs = has_bias ? *bias : at::Tensor();
+  at::Tensor grad_xl, grad_xr, grad_att, grad_ef;
+  FLOAT_SWITCH(x_l.scalar_type(), "gatv2_attention_backward", [&] {
+    const int64_t Dp = gatv2_padded_channels<scalar_t>(
+        s.D, {&x_l, &x_r, &ef, &att, &out, &grad_out, &bs});
+    const RowConfig rc = gatv2_checked_config<scalar_t>(s.H, Dp, "gatv2_attention_backward");
+    const auto xl_c = pad_channels(x_l, Dp), xr_c = pad_channels(x_r, Dp);
+    const auto ef_c = pad_channels(ef, Dp), att_c = pad_channels(att, Dp);
+    const auto out_c = pad_channels(out, Dp), go = pad_channels(grad_out, Dp);
+    const auto bias_c = pad_channels(bs, Dp);
+    // The kernels write every source's and destination's gradient, every
+    // edge's logit gradient, signs and (with e_feat) edge gradient when the
+    // CSC is valid (a malformed one leaves them meaningless, never out of
+    // bounds: docs/robustness.md).
+    auto gxl = at::empty({s.N_src, s.H, Dp}, x_l.options());
+    auto gxr = at::empty({s.N_dst, s.H, Dp}, x_l.options());
+    auto gef = has_edge ? at::empty({s.E, s.H, Dp}, x_l.options()) : at::Tensor();
+    const int W = static_cast<int>((Dp + 31) / 32);
+    auto grad_z = at::empty({s.E, s.H}, x_l.options().dtype(acc_dtype));
+    auto bits = at::empty({s.E, s.H, W}, x_l.options().dtype(at::kInt));
+    at::Tensor att_part;
+    INDEX_SWITCH(rowptr.scalar_type(), "gatv2_attention_backward", [&] {
+      using acc_t = at::opmath_type<scalar_t>;
+      AttentionParams<scalar_t, index_t> p{};
+      p.ptr = colptr_c.data_ptr<index_t>();
+      p.idx = row_c.data_ptr<index_t>();
+      p.perm = perm_c.data_ptr<index_t>();
+      p.perm_inv = has_inv ? inv_c.data_ptr<index_t>() : nullptr;
+      p.x = xl_c.data_ptr<scalar_t>();
+      p.x_dst = xr_c.data_ptr<scalar_t>();
+      p.e_feat = has_edge ? ef_c.data_ptr<scalar_t>() : nullptr;
+      p.att = att_c.data_ptr<scalar_t>();
+      p.grad_out = go.data_ptr<scalar_t>();
+      p.lse_in = lse_c.data_ptr<acc_t>();
+      p.grad_lse = has_glse ? glse_c.data_ptr<acc_t>() : nullptr;
+      p.bias = has_bias ? bias_c.data_ptr<scalar_t>() : nullptr;
+      p.out = gxl.data_ptr<scalar_t>();
+      p.grad_e_feat = has_edge ? gef.data_ptr<scalar_t>() : nullptr;
+      p.grad_z = grad_z.data_ptr<acc_t>();
+      p.bits = reinterpret_cast<uint32_t*>(bits.data_ptr<int32_t>());
+      p.W = W;
+      p.num_rows = s.N_src;
+      p.num_gathered = s.N_dst;
+      p.num_edges = s.E;
+      p.H = static_cast<int>(s.H);
+      p.D = static_cast<int>(Dp);
+      p.HD = static_cast<int>(s.H * Dp);
+      p.negative_slope = static_cast<acc_t>(negative_slope);
+      p.scale = dropout_scale<acc_t>(dropout_p);
+      p.rng = make_rng(dropout_p, philox);
+      att_part = launch_gatv2_backward_rows(p, out_c.data_ptr<scalar_t>(),
+                                            gxr.data_ptr<scalar_t>(),
+                                            rowptr_c.data_ptr<index_t>(), rc, colptr.options());
+    });
+    // The sources' shares of grad_att, summed by one deterministic reduction.
+    grad_att = att_part.sum(0).view({s.H, Dp}).to(x_l.scalar_type());
+    grad_xl = crop_channels(gxl, s.D);
+    grad_xr = crop_channels(gxr, s.D);
+    grad_att = crop_channels(grad_att, s.D);
+    grad_ef = has_edge ? crop_channels(gef, s.D) : at::empty({0, s.H, s.D}, x_l.options());
+  });
+  return {grad_xl, grad_xr, grad_att, grad_ef};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(pyg_multihead_agg, CUDA, m) {
   m.impl("gat_attention", &gat_attention_cuda);
   m.impl("gat_attention_backward", &gat_attention_backward_cuda);
+  m.impl("gatv2_attention", &gatv2_attention_cuda);
+  m.impl("gatv2_attention_backward", &gatv2_attention_backward_cuda);
 }
 
 }  // namespace pyg_multihead_agg

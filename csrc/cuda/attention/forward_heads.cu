@@ -23,7 +23,7 @@
 namespace pyg_multihead_agg {
 
 template <typename scalar_t, typename index_t>
-void launch_gat_forward_heads(GatParams<scalar_t, index_t> p, const HeadConfig& c,
+void launch_gat_forward_heads(AttentionParams<scalar_t, index_t> p, const HeadConfig& c,
                               const at::TensorOptions& options) {
   constexpr int kVec = vec_width<scalar_t>();
   p.G = c.G;
@@ -44,7 +44,7 @@ void launch_gat_forward_heads(GatParams<scalar_t, index_t> p, const HeadConfig& 
 
 #define INSTANTIATE(scalar_t, index_t) \
   template void launch_gat_forward_heads<scalar_t, index_t>( \
-      GatParams<scalar_t, index_t>, const HeadConfig&, const at::TensorOptions&);
+      AttentionParams<scalar_t, index_t>, const HeadConfig&, const at::TensorOptions&);
 FOR_EACH_FLOAT_AND_INDEX(INSTANTIATE)
 #undef INSTANTIATE
 

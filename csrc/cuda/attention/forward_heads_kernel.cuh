@@ -35,7 +35,7 @@ namespace pyg_multihead_agg {
 // of destination r (unrolled by 4 so that several col -> s_src chains are in
 // flight). Edges with an out-of-range source are skipped.
 template <typename scalar_t, typename index_t>
-__device__ __forceinline__ void row_stats(const GatParams<scalar_t, index_t>& p, int64_t r, int h,
+__device__ __forceinline__ void row_stats(const AttentionParams<scalar_t, index_t>& p, int64_t r, int h,
                                           int64_t lo, int64_t hi, int lane, int stride,
                                           at::opmath_type<scalar_t>& mx,
                                           at::opmath_type<scalar_t>& sum) {
@@ -67,7 +67,7 @@ __device__ __forceinline__ void row_stats(const GatParams<scalar_t, index_t>& p,
 // feature chunk: acc = sum_e exp(l[e] - lse) * mask[e] * x[col[e], h, chunk].
 template <typename scalar_t, typename index_t, int V, int VPL>
 __device__ __forceinline__ void attend(at::opmath_type<scalar_t> (&acc)[VPL][V],
-                                       const GatParams<scalar_t, index_t>& p, int64_t r, int h,
+                                       const AttentionParams<scalar_t, index_t>& p, int64_t r, int h,
                                        int64_t lo, int64_t hi, at::opmath_type<scalar_t> lse,
                                        const HeadLanes<VPL>& m) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -121,7 +121,7 @@ __device__ __forceinline__ void attend(at::opmath_type<scalar_t> (&acc)[VPL][V],
 namespace {  // internal linkage: each instance is launched by one .cu
 template <typename scalar_t, typename index_t, int V, int VPL>
 __global__ void __launch_bounds__(kThreads, forward_min_blocks<scalar_t>())
-    gat_forward_kernel(const GatParams<scalar_t, index_t> p, const WorkList wl) {
+    gat_forward_kernel(const AttentionParams<scalar_t, index_t> p, const WorkList wl) {
   using acc_t = at::opmath_type<scalar_t>;
   __shared__ acc_t red[kThreads * VPL * V];
   __shared__ acc_t s_mx[kThreads], s_sum[kThreads];

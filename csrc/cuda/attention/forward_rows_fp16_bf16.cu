@@ -1,4 +1,4 @@
-// launch_gat_forward_rows and its gat_forward_rows_kernel instances for
+// launch_gat_forward_rows and its attention_rows_kernel<GatScore> instances for
 // float16 and bfloat16.
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -12,7 +12,7 @@ namespace pyg_multihead_agg {
 
 #define INSTANTIATE(scalar_t, index_t) \
   template void launch_gat_forward_rows<scalar_t, index_t>( \
-      GatParams<scalar_t, index_t>, const RowConfig&, const at::TensorOptions&);
+      AttentionParams<scalar_t, index_t>, const RowConfig&, const at::TensorOptions&);
 FOR_EACH_HALF_TYPE_AND_INDEX(INSTANTIATE)
 #undef INSTANTIATE
 

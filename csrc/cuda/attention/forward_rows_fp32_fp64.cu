@@ -1,4 +1,4 @@
-// launch_gat_forward_rows and its gat_forward_rows_kernel instances for
+// launch_gat_forward_rows and its attention_rows_kernel<GatScore> instances for
 // float32 and float64.
 #include <cstdint>
 
@@ -9,7 +9,7 @@ namespace pyg_multihead_agg {
 
 #define INSTANTIATE(scalar_t, index_t) \
   template void launch_gat_forward_rows<scalar_t, index_t>( \
-      GatParams<scalar_t, index_t>, const RowConfig&, const at::TensorOptions&);
+      AttentionParams<scalar_t, index_t>, const RowConfig&, const at::TensorOptions&);
 FOR_EACH_FULL_TYPE_AND_INDEX(INSTANTIATE)
 #undef INSTANTIATE
 

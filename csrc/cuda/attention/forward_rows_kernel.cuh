@@ -1,22 +1,28 @@
-// gat_forward_rows_kernel: the fused attention forward, all heads of a
-// destination row per group (the fast path).
+// attention_rows_kernel: the forward of the fused attention skeleton, all
+// heads of a destination row per group, for every score policy (scores.cuh:
+// GatScore for gat_attention, Gatv2Score for gatv2_attention).
 //
-// The lane layout of gat_backward_rows_kernel: a group owns the row's H * D
-// features, S lanes per head. Two ways through a row, chosen per row:
+// The lane layout of attention_backward_rows_kernel: a group owns the row's
+// H * D features, S lanes per head. Two ways through a row, chosen per row:
 //
-// * Short rows of at most `onepass_min` entries (by default every short row,
-//   see gat_onepass_min() in heuristics.cuh) make two passes: pass 1, the S
-//   lanes of each head striding over the row's entries (q, q + S, ...) for
-//   the exact maximum and sum of exp, merged by an S-lane butterfly; pass 2,
-//   U entries per step, their col loaded once for all heads and x[j] gathered
-//   as one coalesced row, weighted by exp(l - lse).
-// * Longer short rows and the block-wide long rows make one pass with an online
-//   softmax: each step loads U cols, then x[j] and s_src[j] together; each
-//   lane keeps its heads' running maximum, the sum of exp(l - max) before
-//   dropout and the accumulated exp(l - max) * mask * x[j], rescaled when the
-//   maximum grows. The S lanes of a head see the same scores, so their states
-//   agree without shuffles. float32 works in base 2 (logits scaled by log2 e,
-//   exp2f: one MUFU.EX2 instead of expf's range reduction).
+// * Scalar-score policies (GAT): short rows of at most `onepass_min` entries
+//   (by default every short row, see gat_onepass_min() in heuristics.cuh)
+//   make two passes: pass 1, the S lanes of each head striding over the row's
+//   entries (q, q + S, ...) for the exact maximum and sum of exp, merged by an
+//   S-lane butterfly; pass 2, U entries per step, their col loaded once for
+//   all heads and x[j] gathered as one coalesced row, weighted by
+//   exp(l - lse).
+// * Every other row, and every row of the other policies (whose score needs
+//   the gathered row itself: one pass reads it once for the score and the
+//   aggregation), makes one pass with an online softmax: each step loads U
+//   cols, then x[j] and the policy's per-edge inputs together, then the
+//   logits; each lane keeps its heads' running maximum, the sum of
+//   exp(l - max) before dropout and the accumulated exp(l - max) * mask * x[j],
+//   rescaled when the maximum grows. The S lanes of a head see the same
+//   logits, so their states agree without shuffles. float32 works in base 2
+//   (logits scaled by log2 e, exp2f: one MUFU.EX2 instead of expf's range
+//   reduction). Long rows run block-wide, a slice per group, merged in group
+//   order.
 #pragma once
 
 #include <ATen/OpMathType.h>
@@ -31,12 +37,13 @@
 #include "../utils/work_list.cuh"
 #include "head_lanes.cuh"
 #include "params.cuh"
+#include "scores.cuh"
 #include "softmax.cuh"
 
 namespace pyg_multihead_agg {
 
 template <typename scalar_t, typename index_t, int V, int VPL>
-__device__ __forceinline__ void row_stats_heads(const GatParams<scalar_t, index_t>& p,
+__device__ __forceinline__ void row_stats_heads(const AttentionParams<scalar_t, index_t>& p,
                                                 int64_t lo, int64_t hi, int q,
                                                 const RowLanes<V, VPL>& m,
                                                 const at::opmath_type<scalar_t> (&sd)[VPL],
@@ -86,21 +93,20 @@ __device__ __forceinline__ void row_stats_heads(const GatParams<scalar_t, index_
   }
 }
 
-// One step's loads for this lane's heads, shared by both forward paths:
-// entries e0..e0+U-1 (none past hi or out of range: ok[u] false), their x
-// vectors and logits z = s_src + s_dst + s_edge before leaky_relu (0 for
-// those entries and for padding vectors; + 0 without edge scores), stored as
-// out[u][k] = finish(use, z). Every load is predicated, with no branch in
-// between (see load_vec_if).
-template <int U, typename scalar_t, typename index_t, int V, int VPL, typename Finish>
+// One step's loads and logits for this lane's heads, shared by both forward
+// paths: entries e0..e0+U-1 (none past hi or out of range: ok[u] false),
+// their x vectors, then their logits (score.logit: after the score's
+// nonlinearity), stored as out[u][k] = finish(use, logit). Every load is
+// predicated, with no branch in between (see load_vec_if), and all of a
+// step's loads come before its arithmetic.
+template <int U, class Score, typename scalar_t, typename index_t, int V, int VPL,
+          typename Finish>
 __device__ __forceinline__ void load_attend_step(bool (&ok)[U], Vec<scalar_t, V> (&xv)[U][VPL],
                                                  at::opmath_type<scalar_t> (&out)[U][VPL],
-                                                 const GatParams<scalar_t, index_t>& p,
+                                                 const AttentionParams<scalar_t, index_t>& p,
                                                  int64_t e0, int64_t hi,
-                                                 const RowLanes<V, VPL>& m,
-                                                 const at::opmath_type<scalar_t> (&sd)[VPL],
-                                                 Finish&& finish) {
-  using acc_t = at::opmath_type<scalar_t>;
+                                                 const RowLanes<V, VPL>& m, const Score& score,
+                                                 unsigned mask, Finish&& finish) {
   index_t j[U];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
@@ -108,6 +114,7 @@ __device__ __forceinline__ void load_attend_step(bool (&ok)[U], Vec<scalar_t, V>
     j[u] = load_index_if(inside, p.idx + e0 + u);
     ok[u] = inside && in_range(j[u], p.num_gathered);
   }
+  typename Score::Entry en[U][VPL];
 #pragma unroll
   for (int u = 0; u < U; ++u)
 #pragma unroll
@@ -115,22 +122,28 @@ __device__ __forceinline__ void load_attend_step(bool (&ok)[U], Vec<scalar_t, V>
       const bool use = ok[u] && m.valid[k];
       xv[u][k] =
           load_vec_if<scalar_t, V>(use, p.x + static_cast<int64_t>(j[u]) * p.HD + m.feat[k]);
-      const acc_t ssrc =
-          load_value_if(use, p.s_src + static_cast<int64_t>(j[u]) * p.H + m.head[k]);
-      acc_t z = use ? ssrc + sd[k] : acc_t(0);
-      z += load_value_if(use && p.s_edge != nullptr, p.s_edge + (e0 + u) * p.H + m.head[k]);
-      out[u][k] = finish(use, z);
+      en[u][k] = score.load_entry(p, m, k, use, j[u], e0 + u);
+      // scalar scores: no shuffle, the logit right after its loads
+      if constexpr (Score::kScalar) out[u][k] = finish(use, score.logit(p, k, use, en[u][k], xv[u][k], mask));
     }
+  if constexpr (!Score::kScalar) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int k = 0; k < VPL; ++k) {
+        const bool use = ok[u] && m.valid[k];
+        out[u][k] = finish(use, score.logit(p, k, use, en[u][k], xv[u][k], mask));
+      }
+  }
 }
 
-// Pass 2 for this lane's heads over entries [lo, hi):
-// acc = sum_e exp(l[e] - lse) * mask[e] * x[col[e], h].
-template <typename scalar_t, typename index_t, int V, int VPL>
+// Pass 2 for this lane's heads over entries [lo, hi) (scalar-score
+// policies): acc = sum_e exp(l[e] - lse) * mask[e] * x[col[e], h].
+template <class Score, typename scalar_t, typename index_t, int V, int VPL>
 __device__ __forceinline__ void attend_heads(at::opmath_type<scalar_t> (&acc)[VPL][V],
-                                             const GatParams<scalar_t, index_t>& p, int64_t lo,
+                                             const AttentionParams<scalar_t, index_t>& p, int64_t lo,
                                              int64_t hi, int q, unsigned mask,
-                                             const RowLanes<V, VPL>& m,
-                                             const at::opmath_type<scalar_t> (&sd)[VPL],
+                                             const RowLanes<V, VPL>& m, const Score& score,
                                              const at::opmath_type<scalar_t> (&lse)[VPL]) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int U = kLoadsInFlight / VPL;
@@ -141,8 +154,8 @@ __device__ __forceinline__ void attend_heads(at::opmath_type<scalar_t> (&acc)[VP
   for (int64_t e0 = lo; e0 < hi; e0 += U) {
     bool ok[U];
     Vec<scalar_t, V> xv[U][VPL];
-    acc_t z[U][VPL];
-    load_attend_step<U>(ok, xv, z, p, e0, hi, m, sd, [](bool, acc_t zk) { return zk; });
+    acc_t l[U][VPL];
+    load_attend_step<U>(ok, xv, l, p, e0, hi, m, score, mask, [](bool, acc_t lk) { return lk; });
     unsigned keep[VPL];
     if (p.rng.threshold != 0)
       draw_keep_bits<U, VPL, index_t>(keep, p.rng, nullptr, e0, hi, q, p.log2S, m.head);
@@ -155,7 +168,7 @@ __device__ __forceinline__ void attend_heads(at::opmath_type<scalar_t> (&acc)[VP
                              ? keep_scale(keep[k], u, p.S, p.log2S, mask, p.scale)
                              : acc_t(1);
         if (!(ok[u] && m.valid[k])) continue;
-        const acc_t w = exp_(leaky(z[u][k], p.negative_slope) - lse[k]) * mk;
+        const acc_t w = exp_(l[u][k] - lse[k]) * mk;
         axpy_vec(acc[k], w, xv[u][k]);
       }
     }
@@ -172,7 +185,7 @@ __device__ __forceinline__ void attend_heads(at::opmath_type<scalar_t> (&acc)[VP
 // forward issued 86 warp instructions per entry on reddit-like).
 template <int kS, typename scalar_t, typename index_t, int V>
 __device__ __forceinline__ void attend_heads_transposed(
-    at::opmath_type<scalar_t> (&acc)[1][V], const GatParams<scalar_t, index_t>& p, int64_t lo,
+    at::opmath_type<scalar_t> (&acc)[1][V], const AttentionParams<scalar_t, index_t>& p, int64_t lo,
     int64_t hi, int q, unsigned mask, const RowLanes<V, 1>& m,
     const at::opmath_type<scalar_t> (&sd)[1], const at::opmath_type<scalar_t> (&lse)[1]) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -223,22 +236,22 @@ __device__ __forceinline__ void attend_heads_transposed(
   }
 }
 
-// The one-pass state of this lane's heads over entries [lo, hi) of a row with
-// destination scores sd: running maximum mx (scaled units), sum of exp(l -
-// mx), and acc = sum_e exp(l[e] - mx) * mask[e] * x[col[e], h] (not yet
-// normalised).
-template <typename scalar_t, typename index_t, int V, int VPL>
+// The one-pass state of this lane's heads over entries [lo, hi) of a row
+// (score: the policy with the row loaded): running maximum mx (scaled
+// units), sum of exp(l - mx), and acc = sum_e exp(l[e] - mx) * mask[e] *
+// x[col[e], h] (not yet normalised).
+template <class Score, typename scalar_t, typename index_t, int V, int VPL>
 __device__ __forceinline__ void attend_heads_online(at::opmath_type<scalar_t> (&acc)[VPL][V],
                                                     at::opmath_type<scalar_t> (&mx)[VPL],
                                                     at::opmath_type<scalar_t> (&sum)[VPL],
-                                                    const GatParams<scalar_t, index_t>& p,
+                                                    const AttentionParams<scalar_t, index_t>& p,
                                                     int64_t lo, int64_t hi, int q, unsigned mask,
                                                     const RowLanes<V, VPL>& m,
-                                                    const at::opmath_type<scalar_t> (&sd)[VPL]) {
+                                                    const Score& score) {
   using acc_t = at::opmath_type<scalar_t>;
   using Units = OnlineUnits<acc_t>;
   constexpr int U = kLoadsInFlight / VPL;
-  const acc_t scale = Units::scale(), slope = p.negative_slope;
+  const acc_t scale = Units::scale();
 #pragma unroll
   for (int k = 0; k < VPL; ++k) {
     mx[k] = -std::numeric_limits<acc_t>::infinity();
@@ -250,8 +263,8 @@ __device__ __forceinline__ void attend_heads_online(at::opmath_type<scalar_t> (&
     bool ok[U];
     Vec<scalar_t, V> xv[U][VPL];
     acc_t l[U][VPL];
-    load_attend_step<U>(ok, xv, l, p, e0, hi, m, sd, [&](bool use, acc_t z) {
-      return use ? leaky(z, slope) * scale : -std::numeric_limits<acc_t>::infinity();
+    load_attend_step<U>(ok, xv, l, p, e0, hi, m, score, mask, [&](bool use, acc_t lk) {
+      return use ? lk * scale : -std::numeric_limits<acc_t>::infinity();
     });
     unsigned keep[VPL];
     if (p.rng.threshold != 0)
@@ -290,13 +303,41 @@ __device__ __forceinline__ void attend_heads_online(at::opmath_type<scalar_t> (&
   }
 }
 
+// block_reduce_store for padded heads (RowLanes' second constructor): sums
+// the groups' partial rows in group order and writes each lane's valid
+// features, lane (k, l) of the group owning features feat of the row.
+template <typename scalar_t, typename acc_t, int V, int VPL>
+__device__ __forceinline__ void block_reduce_store_padded(acc_t* red, const acc_t (&acc)[VPL][V],
+                                                          int G, int lane, int log2S, int H,
+                                                          int D, scalar_t* __restrict__ out_row) {
+  const int cwe = G * VPL * V, groups = kThreads / G, group = threadIdx.x / G;
+#pragma unroll
+  for (int k = 0; k < VPL; ++k)
+#pragma unroll
+    for (int v = 0; v < V; ++v) red[group * cwe + (k * G + lane) * V + v] = acc[k][v];
+  __syncthreads();
+  for (int t = threadIdx.x; t < cwe; t += kThreads) {
+    const int vec = t / V, head = vec >> log2S, c = (vec & ((1 << log2S) - 1)) * V + t % V;
+    if (head < H && c < D) {
+      acc_t s = 0;
+      for (int g = 0; g < groups; ++g) s += red[g * cwe + t];
+      out_row[head * D + c] = static_cast<scalar_t>(s);
+    }
+  }
+  __syncthreads();
+}
+
 namespace {  // internal linkage: each instance is launched by one .cu
-// kS = 4 or 8: the two-pass rows' second pass by attend_heads_transposed
-// (one vector per lane); kS = 0: attend_heads.
-template <typename scalar_t, typename index_t, int V, int VPL, int kS>
+// Score: the policy (scores.cuh). kS = 4 or 8 (scalar-score policies): the
+// two-pass rows' second pass by attend_heads_transposed (one vector per
+// lane); kS = 0: attend_heads. Policies whose score needs the gathered row
+// take the online pass for every row and pad heads of fewer than S vectors.
+template <template <typename, typename, int, int> class ScoreT, typename scalar_t,
+          typename index_t, int V, int VPL, int kS>
 __global__ void __launch_bounds__(kThreads, forward_rows_min_blocks<scalar_t, VPL, kS>())
-    gat_forward_rows_kernel(const GatParams<scalar_t, index_t> p, const WorkList wl) {
+    attention_rows_kernel(const AttentionParams<scalar_t, index_t> p, const WorkList wl) {
   using acc_t = at::opmath_type<scalar_t>;
+  using Score = ScoreT<scalar_t, index_t, V, VPL>;
   __shared__ acc_t red[kThreads * VPL * V];
   // per (group, head) statistics of a long row's slices
   // (groups * head slots = 256 * VPL / S entries)
@@ -304,38 +345,41 @@ __global__ void __launch_bounds__(kThreads, forward_rows_min_blocks<scalar_t, VP
   const int G = p.G, lane = threadIdx.x & (G - 1), S = p.S, q = lane & (S - 1);
   const int group = threadIdx.x / G, groups = kThreads / G;
   const unsigned mask = group_mask(G);
-  const RowLanes<V, VPL> m(lane, G, p.log2S, p.H);
-  auto load_sd = [&](int64_t r, acc_t(&sd)[VPL]) {
-#pragma unroll
-    for (int k = 0; k < VPL; ++k)
-      sd[k] = m.valid[k] ? load_value(p.s_dst + r * p.H + m.head[k]) : acc_t(0);
-  };
+  const auto m = score_lanes<Score, V, VPL>(lane, G, p.log2S, p.H, p.D);
+  Score score;
+  score.init(p, m);
   auto short_row = [&](int64_t, int64_t r, int64_t lo, int64_t hi) {
-    acc_t sd[VPL], mx[VPL], sum[VPL], acc[VPL][V];
-    load_sd(r, sd);
-    if (hi - lo <= p.onepass_min) {  // group-uniform
-      acc_t lse[VPL];
-      row_stats_heads(p, lo, hi, q, m, sd, mx, sum);
+    acc_t mx[VPL], sum[VPL], acc[VPL][V];
+    score.load_row(p, r, m);
+    bool two_pass = false;
+    if constexpr (Score::kScalar) two_pass = hi - lo <= p.onepass_min;  // group-uniform
+    if (two_pass) {
+      if constexpr (Score::kScalar) {
+        acc_t lse[VPL];
+        row_stats_heads(p, lo, hi, q, m, score.sd, mx, sum);
 #pragma unroll
-      for (int k = 0; k < VPL; ++k) {
-        group_merge_stats(mx[k], sum[k], S, mask);
-        lse[k] = stats_lse(mx[k], sum[k], hi > lo);
-        if (q == 0 && m.valid[k]) p.lse_out[r * p.H + m.head[k]] = lse[k];
-      }
-      if constexpr (kS != 0) {
-        static_assert(VPL == 1, "one vector per lane");
-        attend_heads_transposed<kS>(acc, p, lo, hi, q, mask, m, sd, lse);
-      } else {
-        attend_heads(acc, p, lo, hi, q, mask, m, sd, lse);
+        for (int k = 0; k < VPL; ++k) {
+          group_merge_stats(mx[k], sum[k], S, mask);
+          lse[k] = stats_lse(mx[k], sum[k], hi > lo);
+          if (q == 0 && m.valid[k]) p.lse_out[r * p.H + m.head[k]] = lse[k];
+        }
+        if constexpr (kS != 0) {
+          static_assert(VPL == 1, "one vector per lane");
+          attend_heads_transposed<kS>(acc, p, lo, hi, q, mask, m, score.sd, lse);
+        } else {
+          attend_heads(acc, p, lo, hi, q, mask, m, score, lse);
+        }
       }
     } else {
-      attend_heads_online(acc, mx, sum, p, lo, hi, q, mask, m, sd);
+      attend_heads_online(acc, mx, sum, p, lo, hi, q, mask, m, score);
 #pragma unroll
       for (int k = 0; k < VPL; ++k) {
-        if (q == 0 && m.valid[k]) p.lse_out[r * p.H + m.head[k]] = online_lse(mx[k], sum[k], true);
+        if (q == 0 && m.valid[k])
+          p.lse_out[r * p.H + m.head[k]] = online_lse(mx[k], sum[k], hi > lo);
         // A row whose scores are all -inf gives 0 / 0 = NaN, as exp(l - lse)
-        // does in the reference.
-        const acc_t inv = acc_t(1) / sum[k];
+        // does in the reference; a row without edges gives 0.
+        // (scalar scores: rows without edges take the two passes)
+        const acc_t inv = Score::kScalar || hi > lo ? acc_t(1) / sum[k] : acc_t(0);
 #pragma unroll
         for (int v = 0; v < V; ++v) acc[k][v] *= inv;
       }
@@ -347,14 +391,15 @@ __global__ void __launch_bounds__(kThreads, forward_rows_min_blocks<scalar_t, VP
   // A long row: each group takes a contiguous slice of the entries (all
   // heads) with its own one-pass state; the states are merged over the
   // groups in group order through shared memory: the maxima and sums first,
-  // then the rows, each scaled by exp(m_g - M) / total, by block_reduce_store.
+  // then the rows, each scaled by exp(m_g - M) / total, by block_reduce_store
+  // (whose features are the row's H * D: padding lanes add zeros).
   auto long_row = [&](int64_t r, int64_t lo, int64_t hi) {
     int64_t slo, shi;
     group_slice(lo, hi, group, groups, slo, shi);
     const int slots = p.G / S * VPL;  // head slots per group
-    acc_t sd[VPL], mx[VPL], sum[VPL], acc[VPL][V];
-    load_sd(r, sd);
-    attend_heads_online(acc, mx, sum, p, slo, shi, q, mask, m, sd);
+    acc_t mx[VPL], sum[VPL], acc[VPL][V];
+    score.load_row(p, r, m);
+    attend_heads_online(acc, mx, sum, p, slo, shi, q, mask, m, score);
 #pragma unroll
     for (int k = 0; k < VPL; ++k) {
       if (q == 0) {
@@ -379,7 +424,12 @@ __global__ void __launch_bounds__(kThreads, forward_rows_min_blocks<scalar_t, VP
 #pragma unroll
       for (int v = 0; v < V; ++v) acc[k][v] *= f;
     }
-    block_reduce_store<scalar_t, acc_t, V, VPL>(red, acc, G, lane, 0, p.HD, p.out + r * p.HD);
+    if constexpr (Score::kScalar) {
+      block_reduce_store<scalar_t, acc_t, V, VPL>(red, acc, G, lane, 0, p.HD, p.out + r * p.HD);
+    } else {  // padded heads: the lanes' features are not contiguous
+      block_reduce_store_padded<scalar_t, acc_t, V, VPL>(red, acc, G, lane, p.log2S, p.H, p.D,
+                                                         p.out + r * p.HD);
+    }
     // (block_reduce_store ends with a barrier: s_mx / s_sum are free again)
   };
   for_each_work_item(p.ptr, p.num_edges, wl, G, 1, short_row, long_row);

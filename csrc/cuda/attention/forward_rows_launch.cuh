@@ -1,6 +1,7 @@
-// The launcher of gat_forward_rows_kernel (launch_gat_forward_rows,
-// declared in launchers.cuh). Included by the forward_rows_*.cu files, each of
-// which instantiates it for its dtypes.
+// The launchers of attention_rows_kernel (launch_gat_forward_rows and
+// launch_gatv2_forward_rows, declared in launchers.cuh). Included by the
+// forward_rows_*.cu and gatv2_forward_*.cu files, each of which instantiates
+// one of them for its dtypes.
 #pragma once
 
 #include <ATen/OpMathType.h>
@@ -22,11 +23,12 @@
 #include "heuristics.cuh"
 #include "launchers.cuh"
 #include "params.cuh"
+#include "scores.cuh"
 
 namespace pyg_multihead_agg {
 
 template <typename scalar_t, typename index_t>
-void launch_gat_forward_rows(GatParams<scalar_t, index_t> p, const RowConfig& rc,
+void launch_gat_forward_rows(AttentionParams<scalar_t, index_t> p, const RowConfig& rc,
                              const at::TensorOptions& options) {
   constexpr int kVec = vec_width<scalar_t>();
   p.G = rc.G;
@@ -46,12 +48,31 @@ void launch_gat_forward_rows(GatParams<scalar_t, index_t> p, const RowConfig& rc
     };
     constexpr bool kOne = kVPL == 1;
     if (transposed && kOne && p.S == 8) {
-      run(gat_forward_rows_kernel<scalar_t, index_t, kVec, kVPL, kOne ? 8 : 0>);
+      run(attention_rows_kernel<GatScore, scalar_t, index_t, kVec, kVPL, kOne ? 8 : 0>);
     } else if (transposed && kOne && p.S == 4) {
-      run(gat_forward_rows_kernel<scalar_t, index_t, kVec, kVPL, kOne ? 4 : 0>);
+      run(attention_rows_kernel<GatScore, scalar_t, index_t, kVec, kVPL, kOne ? 4 : 0>);
     } else {
-      run(gat_forward_rows_kernel<scalar_t, index_t, kVec, kVPL, 0>);
+      run(attention_rows_kernel<GatScore, scalar_t, index_t, kVec, kVPL, 0>);
     }
+  });
+}
+
+template <typename scalar_t, typename index_t>
+void launch_gatv2_forward_rows(AttentionParams<scalar_t, index_t> p, const RowConfig& rc,
+                               const at::TensorOptions& options) {
+  constexpr int kVec = vec_width<scalar_t>();
+  p.G = rc.G;
+  p.S = rc.S;
+  p.log2S = rc.log2S;
+  p.num_chunks = 1;
+  p.onepass_min = 0;
+  at::Tensor storage;
+  const WorkList wl = make_work_list(p.ptr, p.num_rows, p.num_edges, false, storage, options);
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  VPL_SWITCH(rc.vpl, kVPL, [&] {
+    auto kernel = attention_rows_kernel<Gatv2Score, scalar_t, index_t, kVec, kVPL, 0>;
+    kernel<<<persistent_grid(kernel, p.num_rows, p.G), kThreads, 0, stream>>>(p, wl);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }
 

@@ -40,7 +40,12 @@ __device__ __forceinline__ acc_t lanes_sum(acc_t v, int S, unsigned mask) {
 }
 
 // The vectors of a row this lane owns: feature offset, head, and whether the
-// head exists (the padding heads of a group wider than H * S have none).
+// vector exists (the padding heads of a group wider than H * S have none).
+// Heads of exactly S vectors (D = S * V): vector v = lane + G * k is feature
+// v * V. Padded heads (the second constructor: D a multiple of V below
+// S * V): lane q of a head owns features q * V .. q * V + V - 1 of it, and the
+// lanes past the head's D / V vectors own none (valid false; they still take
+// part in the head's butterflies, with zeros).
 template <int V, int VPL>
 struct RowLanes {
   int feat[VPL], head[VPL];
@@ -52,6 +57,15 @@ struct RowLanes {
       feat[k] = v * V;
       head[k] = v >> log2S;
       valid[k] = head[k] < H;
+    }
+  }
+  __device__ __forceinline__ RowLanes(int lane, int G, int log2S, int H, int D) {
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      const int v = lane + G * k, q = v & ((1 << log2S) - 1);
+      head[k] = v >> log2S;
+      feat[k] = head[k] * D + q * V;
+      valid[k] = head[k] < H && q * V < D;
     }
   }
 };

@@ -63,6 +63,26 @@ RowConfig row_config(int64_t H, int64_t D, bool aligned) {
   return c;
 }
 
+// The GATv2 kernels (Gatv2Score) take the all-heads layout with padded
+// heads: S = next_pow2(D / V) lanes per head (D a multiple of V: entry.cu
+// pads other heads with zero channels), H * S <= 128. Wider rows raise.
+template <typename scalar_t>
+RowConfig gatv2_row_config(int64_t H, int64_t D) {
+  constexpr int kVec = vec_width<scalar_t>();
+  RowConfig c{};
+  const int64_t nv = D / kVec;
+  c.ok = D % kVec == 0 && nv >= 1 && nv <= 32;
+  if (!c.ok) return c;
+  c.S = next_pow2(nv);
+  c.ok = H * c.S <= 32 * kMaxVPL;
+  if (!c.ok) return c;
+  c.log2S = __builtin_ctz(c.S);
+  c.G = next_pow2(H * c.S);
+  const int64_t vpl = (H * c.S + c.G - 1) / c.G;
+  c.vpl = vpl == 1 ? 1 : (vpl == 2 ? 2 : kMaxVPL);
+  return c;
+}
+
 // Short rows of the all-heads forward with more entries than this take the
 // one-pass (online softmax) path, the others the two passes; block-wide long
 // rows always take one pass. By default no short row does: the two passes were

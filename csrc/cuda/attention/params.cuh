@@ -1,6 +1,7 @@
-// Parameters of the fused GAT attention's kernels and their compile-time
-// tuning (block sizes, minimum resident blocks). Run-time launch choices are
-// in heuristics.cuh.
+// Parameters of the fused attention kernels (gat_attention and
+// gatv2_attention: one struct, each score policy reads its fields, see
+// scores.cuh) and their compile-time tuning (block sizes, minimum resident
+// blocks). Run-time launch choices are in heuristics.cuh.
 #pragma once
 
 #include <ATen/OpMathType.h>
@@ -14,7 +15,7 @@
 namespace pyg_multihead_agg {
 
 template <typename scalar_t, typename index_t>
-struct GatParams {
+struct AttentionParams {
   using acc_t = at::opmath_type<scalar_t>;
   const index_t* ptr;        // rowptr (forward) or colptr (backward)
   const index_t* idx;        // col (forward) or row (backward)
@@ -22,7 +23,7 @@ struct GatParams {
   const scalar_t* s_src;     // [N_src, H]
   const scalar_t* s_dst;     // [N_dst, H]
   const scalar_t* s_edge;    // [E, H] or nullptr
-  const scalar_t* x;         // [N_src, H, D]
+  const scalar_t* x;         // [N_src, H, D]: the aggregated (and, GATv2, scored) features
   const scalar_t* grad_out;  // backward: [N_dst, H, D]
   const acc_t* lse_in;       // backward: [N_dst, H]
   const acc_t* delta;        // backward: [N_dst, H]
@@ -42,6 +43,16 @@ struct GatParams {
   int64_t onepass_min;  // all-heads forward: rows longer than this take one pass
   acc_t negative_slope, scale;  // scale: 1 / (1 - p) (0 for p == 1)
   DropoutRng rng;
+  // GATv2 (Gatv2Score): the destination features x_r, the edge features in
+  // CSR order, att; in the backward grad_z holds the logit gradients and
+  // these the rest.
+  const scalar_t* x_dst;     // [N_dst, H, D]
+  const scalar_t* e_feat;    // [E, H, D] or nullptr
+  const scalar_t* att;       // [H, D]
+  scalar_t* grad_e_feat;     // backward: [E, H, D] by edge id, or nullptr
+  acc_t* att_part;           // backward: [N_src + slots, H * D] shares of grad_att
+  uint32_t* bits;            // backward: [E, H, W] signs of z (bit c % 32 of word c / 32)
+  int W;                     // words of bits per head: ceil(D / 32)
 };
 
 // ---------------------------------------------------------------------------
@@ -87,10 +98,15 @@ constexpr int kBackwardThreads = 128;
 // lost 1-2%.
 constexpr int kBackwardTransposedMinBlocksHalf = 5;
 
-template <typename scalar_t, int VPL, int kS>
+// Policies other than GAT (kScalar false) keep more per entry (GATv2: x_r[i]
+// and e_feat[e] besides grad_out[i]) and per lane (att, the grad_att share):
+// 128 registers at one vector per lane, 255 at two, one block at four.
+template <typename scalar_t, int VPL, int kS, bool kScalar = true>
 constexpr int backward_min_blocks() {
+  if (!kScalar) return VPL >= 4 ? 1 : (VPL == 2 ? 2 : 4);
   if (kS != 0) return sizeof(scalar_t) == 2 ? kBackwardTransposedMinBlocksHalf : 4;
   return VPL >= 4 ? 1 : (VPL == 1 && sizeof(scalar_t) == 4 ? 5 : 4);
 }
 
 }  // namespace pyg_multihead_agg
+

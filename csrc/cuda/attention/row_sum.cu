@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 template <typename scalar_t, typename index_t>
-void launch_gat_row_sums(const GatParams<scalar_t, index_t>& p, scalar_t* grad_dst,
+void launch_gat_row_sums(const AttentionParams<scalar_t, index_t>& p, scalar_t* grad_dst,
                          const index_t* rowptr, const at::TensorOptions& options) {
   using acc_t = at::opmath_type<scalar_t>;
   auto stream = c10::cuda::getCurrentCUDAStream();
@@ -187,7 +187,7 @@ void launch_gat_row_sums(const GatParams<scalar_t, index_t>& p, scalar_t* grad_d
 
 #define INSTANTIATE(scalar_t, index_t) \
   template void launch_gat_row_sums<scalar_t, index_t>( \
-      const GatParams<scalar_t, index_t>&, scalar_t*, const index_t*, const at::TensorOptions&);
+      const AttentionParams<scalar_t, index_t>&, scalar_t*, const index_t*, const at::TensorOptions&);
 FOR_EACH_FLOAT_AND_INDEX(INSTANTIATE)
 #undef INSTANTIATE
 

@@ -1,0 +1,334 @@
+// CPU kernels of the fused GATv2 attention (docs/gat_attention.md, GATv2).
+//
+// Forward: destination rows in parallel (split by work, loops.h); per row one
+// pass over its edges with an online softmax, all heads of an edge together:
+// each edge's source row x_l[j] is read once, for its score
+// sum_c att[h, c] * leaky_relu(x_l[j, h, c] + x_r[i, h, c] (+ e_feat[e, h, c]))
+// and for the aggregation; the running sums are rescaled when a head's
+// maximum grows, normalised at the end, and the optional bias added before
+// the one rounding to the output dtype. float32 accumulation for half types.
+//
+// Backward, recomputed from lse with the dropout mask regenerated from
+// Philox: delta per destination; sources in parallel over the CSC give
+// grad_x_l (the aggregation's and the score's parts), grad_e_feat, each
+// edge's logit gradient (an E x H buffer) and each source's share of
+// grad_att; destinations in parallel over the CSR then give grad_x_r from
+// the logit gradients; grad_att is the sum of the sources' shares, column by
+// column. Every sum has a fixed order, independent of the thread count, and
+// no atomics are needed. Every index is bounds-checked.
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "../checks.h"
+#include "attention.h"
+#include "graph_checks.h"
+#include "loops.h"
+
+namespace pyg_multihead_agg {
+namespace {
+
+// The logit of one (edge, head): sum_c att[c] * leaky_relu(z[c]) with
+// z = xl + xr (+ ef), z kept in zbuf (acc_t, n entries) for the caller.
+template <typename acc_t, typename scalar_t, typename W>
+CPU_KERNEL_INLINE acc_t gatv2_logit(const scalar_t* __restrict xl, const acc_t* __restrict xr,
+                                    const scalar_t* __restrict ef, const acc_t* __restrict att,
+                                    acc_t slope, acc_t* __restrict zbuf, W n) {
+  acc_t l = 0;
+  for (int64_t c = 0; c < n; ++c) {
+    acc_t z = static_cast<acc_t>(xl[c]) + xr[c];
+    if (ef != nullptr) z += static_cast<acc_t>(ef[c]);
+    zbuf[c] = z;
+    l += att[c] * cpu::leaky_relu(z, slope);
+  }
+  return l;
+}
+
+template <typename acc_t, typename scalar_t>
+std::vector<acc_t> to_acc(const at::Tensor& t) {
+  const auto c = t.contiguous();
+  const scalar_t* p = c.data_ptr<scalar_t>();
+  std::vector<acc_t> v(c.numel());
+  for (int64_t k = 0; k < c.numel(); ++k) v[k] = static_cast<acc_t>(p[k]);
+  return v;
+}
+
+std::tuple<at::Tensor, at::Tensor> gatv2_attention_cpu(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& x_l,
+    const at::Tensor& x_r, const std::optional<at::Tensor>& e_feat, const at::Tensor& att,
+    double negative_slope, double dropout_p, const std::optional<at::Tensor>& philox,
+    const std::optional<at::Tensor>& /*colptr*/, const std::optional<at::Tensor>& /*row*/,
+    const std::optional<at::Tensor>& /*perm*/, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& /*perm_inv*/) {
+  const GatShape s =
+      check_gatv2_attention(rowptr, col, x_l, x_r, e_feat, att, dropout_p, philox, bias);
+  TORCH_CHECK(x_l.device().is_cpu(), "x_l must be a CPU tensor for the CPU kernel");
+  const int64_t N_dst = s.N_dst, N_src = s.N_src, E = s.E, H = s.H, D = s.D, HD = H * D;
+  const bool has_edge = e_feat.has_value() && e_feat->defined();
+  const bool has_bias = bias.has_value() && bias->defined();
+  const auto rowptr_c = rowptr.contiguous(), col_c = col.contiguous();
+  const auto xl_c = x_l.contiguous(), xr_c = x_r.contiguous();
+  const auto ef_c = has_edge ? e_feat->contiguous() : at::Tensor();
+  const cpu::Dropout dropout = cpu::make_dropout(dropout_p, philox);
+
+  auto out = at::empty({N_dst, H, D}, x_l.options());
+  auto lse = at::empty({N_dst, H}, x_l.options().dtype(at::toOpMathType(x_l.scalar_type())));
+
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x_l.scalar_type(), "gatv2_attention_cpu", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "gatv2_attention_cpu_index", [&] {
+      const index_t* rp = rowptr_c.data_ptr<index_t>();
+      const index_t* cp = col_c.data_ptr<index_t>();
+      const scalar_t* xlp = xl_c.data_ptr<scalar_t>();
+      const scalar_t* xrp = xr_c.data_ptr<scalar_t>();
+      const scalar_t* efp = has_edge ? ef_c.data_ptr<scalar_t>() : nullptr;
+      const std::vector<acc_t> att_acc = to_acc<acc_t, scalar_t>(att);
+      std::vector<acc_t> bias_acc(HD, acc_t(0));
+      if (has_bias) bias_acc = to_acc<acc_t, scalar_t>(*bias);
+      const acc_t* ap = att_acc.data();
+      const acc_t* ba = bias_acc.data();
+      scalar_t* op = out.data_ptr<scalar_t>();
+      acc_t* lp = lse.data_ptr<acc_t>();
+      const acc_t slope = static_cast<acc_t>(negative_slope);
+      const acc_t keep_scale = static_cast<acc_t>(dropout.keep_scale);
+      const DropoutRng rng = dropout.rng;
+      const bool has_dropout = dropout_p > 0.0;
+      constexpr acc_t kInf = std::numeric_limits<acc_t>::infinity();
+      cpu::check_ends(rp, N_dst, E, "rowptr", "col");
+
+      cpu::with_width(D, [&](auto width) {
+        cpu::parallel_rows(rp, N_dst, [&](int64_t begin, int64_t end) CPU_KERNEL_INLINE_LAMBDA {
+          std::vector<acc_t> acc(HD), mx(H), sum(H), xr(HD), z(width);
+          for (int64_t i = begin; i < end; ++i) {
+            const index_t lo = rp[i], hi = rp[i + 1];
+            cpu::check_range(lo, hi, E, "rowptr", i);
+            scalar_t* o = op + i * HD;
+            acc_t* l_out = lp + i * H;
+            if (lo == hi) {  // no edges: out = 0 (+ bias), lse = -inf
+              for (int64_t f = 0; f < HD; ++f) o[f] = static_cast<scalar_t>(ba[f]);
+              std::fill(l_out, l_out + H, -kInf);
+              continue;
+            }
+            for (int64_t f = 0; f < HD; ++f) xr[f] = static_cast<acc_t>(xrp[i * HD + f]);
+            std::fill(mx.begin(), mx.end(), -kInf);
+            std::fill(sum.begin(), sum.end(), acc_t(0));
+            std::fill(acc.begin(), acc.end(), acc_t(0));
+            for (int64_t e = lo; e < hi; ++e) {
+              const index_t j = cp[e];
+              cpu::check_index_value(j, N_src, "col", e);
+              cpu::prefetch_source(xlp, cp, e, E, N_src, HD);
+              const scalar_t* xj = xlp + static_cast<int64_t>(j) * HD;
+              unsigned kept = 0xFu;  // dropout bits of heads h .. h + 3 (one Philox call)
+              for (int64_t h = 0; h < H; ++h) {
+                const int64_t f = h * width;
+                const acc_t l = gatv2_logit(xj + f, xr.data() + f,
+                                            efp != nullptr ? efp + e * HD + f : nullptr, ap + f,
+                                            slope, z.data(), width);
+                if (l > mx[h]) {  // rescale the state to the new maximum
+                  const acc_t c = mx[h] == -kInf ? acc_t(0) : std::exp(mx[h] - l);
+                  sum[h] *= c;
+                  for (int64_t d = 0; d < width; ++d) acc[f + d] *= c;
+                  mx[h] = l;
+                }
+                // exp(l - mx); 0 for -inf, NaN for a NaN logit (it never
+                // becomes the maximum, and reaches sum and the row here).
+                const acc_t w = l == -kInf ? acc_t(0) : std::exp(l - mx[h]);
+                sum[h] += w;
+                if (has_dropout && (h & 3) == 0) kept = rng.keep4(e, h >> 2);
+                if ((kept >> (h & 3)) & 1u) cpu::axpy(acc.data() + f, w * keep_scale, xj + f, int64_t(width));
+              }
+            }
+            for (int64_t h = 0; h < H; ++h) {
+              // sum == 0: every logit -inf; NaN as in the reference (0 / 0).
+              l_out[h] = sum[h] == acc_t(0) ? std::numeric_limits<acc_t>::quiet_NaN()
+                                            : mx[h] + std::log(sum[h]);
+              cpu::store_row(o + h * width, acc.data() + h * width, acc_t(1) / sum[h],
+                             ba + h * width, int64_t(width));
+            }
+          }
+        });
+      });
+    });
+  });
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_attention_backward_cpu(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
+    const at::Tensor& row, const at::Tensor& perm, const at::Tensor& x_l, const at::Tensor& x_r,
+    const std::optional<at::Tensor>& e_feat, const at::Tensor& att, const at::Tensor& out,
+    const at::Tensor& lse, const at::Tensor& grad_out, const std::optional<at::Tensor>& grad_lse,
+    double negative_slope, double dropout_p, const std::optional<at::Tensor>& philox,
+    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& perm_inv) {
+  // perm_inv is only checked: this kernel keeps the logit gradients by edge id.
+  const GatShape s = check_gatv2_attention_backward(rowptr, col, colptr, row, perm, x_l, x_r,
+                                                    e_feat, att, out, lse, grad_out, grad_lse,
+                                                    dropout_p, philox, bias, perm_inv);
+  TORCH_CHECK(x_l.device().is_cpu(), "x_l must be a CPU tensor for the CPU kernel");
+  const int64_t N_dst = s.N_dst, N_src = s.N_src, E = s.E, H = s.H, D = s.D, HD = H * D;
+  const bool has_edge = e_feat.has_value() && e_feat->defined();
+  const bool has_grad_lse = grad_lse.has_value() && grad_lse->defined();
+  const bool has_bias = bias.has_value() && bias->defined();
+  const auto bias_c = has_bias ? bias->contiguous() : at::Tensor();
+  const auto rowptr_c = rowptr.contiguous(), col_c = col.contiguous();
+  const auto colptr_c = colptr.contiguous(), row_c = row.contiguous(), perm_c = perm.contiguous();
+  const auto xl_c = x_l.contiguous(), xr_c = x_r.contiguous();
+  const auto ef_c = has_edge ? e_feat->contiguous() : at::Tensor();
+  const auto out_c = out.contiguous(), lse_c = lse.contiguous(), go = grad_out.contiguous();
+  const auto glse_c = has_grad_lse ? grad_lse->contiguous() : at::Tensor();
+  const cpu::Dropout dropout = cpu::make_dropout(dropout_p, philox);
+
+  const auto acc_options = x_l.options().dtype(at::toOpMathType(x_l.scalar_type()));
+  auto grad_xl = at::empty({N_src, H, D}, x_l.options());
+  auto grad_xr = at::empty({N_dst, H, D}, x_l.options());
+  // Zero-filled: an edge a malformed perm misses reads (and returns) 0.
+  auto grad_ef = has_edge ? at::zeros({E, H, D}, x_l.options()) : at::empty({0, H, D}, x_l.options());
+  auto gl = at::zeros({E, H}, acc_options);
+  auto delta = at::empty({N_dst, H}, acc_options);
+  auto att_part = at::empty({N_src, HD}, acc_options);  // each source's share of grad_att
+  auto grad_att = at::empty({H, D}, x_l.options());
+
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x_l.scalar_type(), "gatv2_attention_backward_cpu", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "gatv2_attention_backward_cpu_index", [&] {
+      const index_t* rp = rowptr_c.data_ptr<index_t>();
+      const index_t* cp = col_c.data_ptr<index_t>();
+      const index_t* ccp = colptr_c.data_ptr<index_t>();
+      const index_t* rwp = row_c.data_ptr<index_t>();
+      const index_t* pp = perm_c.data_ptr<index_t>();
+      const scalar_t* xlp = xl_c.data_ptr<scalar_t>();
+      const scalar_t* xrp = xr_c.data_ptr<scalar_t>();
+      const scalar_t* efp = has_edge ? ef_c.data_ptr<scalar_t>() : nullptr;
+      const scalar_t* outp = out_c.data_ptr<scalar_t>();
+      const scalar_t* bp = has_bias ? bias_c.data_ptr<scalar_t>() : nullptr;
+      const scalar_t* gop = go.data_ptr<scalar_t>();
+      const acc_t* lp = lse_c.data_ptr<acc_t>();
+      const acc_t* glp = has_grad_lse ? glse_c.data_ptr<acc_t>() : nullptr;
+      const std::vector<acc_t> att_acc = to_acc<acc_t, scalar_t>(att);
+      const acc_t* ap = att_acc.data();
+      acc_t* dp = delta.data_ptr<acc_t>();
+      acc_t* glw = gl.data_ptr<acc_t>();
+      acc_t* partp = att_part.data_ptr<acc_t>();
+      scalar_t* gxlp = grad_xl.data_ptr<scalar_t>();
+      scalar_t* gxrp = grad_xr.data_ptr<scalar_t>();
+      scalar_t* gefp = has_edge ? grad_ef.data_ptr<scalar_t>() : nullptr;
+      const acc_t slope = static_cast<acc_t>(negative_slope);
+      const acc_t keep_scale = static_cast<acc_t>(dropout.keep_scale);
+      const DropoutRng rng = dropout.rng;
+      const bool has_dropout = dropout_p > 0.0;
+      cpu::check_ends(rp, N_dst, E, "rowptr", "col");
+      cpu::check_ends(ccp, N_src, E, "colptr", "row");
+
+      // 1. delta per destination; validates the CSR (the last pass reads it).
+      cpu::row_deltas(rp, cp, N_dst, N_src, E, H, D, gop, outp, bp, dp);
+
+      cpu::with_width(D, [&](auto width) {
+        // 2. Sources over the CSC: grad_x_l, grad_e_feat, the logit
+        // gradients and the source's share of grad_att.
+        cpu::parallel_rows(ccp, N_src, [&](int64_t begin, int64_t end) CPU_KERNEL_INLINE_LAMBDA {
+          std::vector<acc_t> acc_x(HD), acc_a(HD), xr(width), z(width);
+          for (int64_t j = begin; j < end; ++j) {
+            std::fill(acc_x.begin(), acc_x.end(), acc_t(0));
+            std::fill(acc_a.begin(), acc_a.end(), acc_t(0));
+            const index_t lo = ccp[j], hi = ccp[j + 1];
+            cpu::check_range(lo, hi, E, "colptr", j);
+            const scalar_t* xj = xlp + j * HD;
+            for (int64_t k = lo; k < hi; ++k) {
+              const index_t i = rwp[k], e = pp[k];
+              cpu::check_index_value(i, N_dst, "row", k);
+              cpu::check_index_value(e, E, "perm", k);
+              cpu::prefetch_source(gop, rwp, k, E, N_dst, HD);
+              const scalar_t* g = gop + static_cast<int64_t>(i) * HD;
+              const scalar_t* xi = xrp + static_cast<int64_t>(i) * HD;
+              unsigned kept = 0xFu;  // dropout bits of heads h .. h + 3 (one Philox call)
+              for (int64_t h = 0; h < H; ++h) {
+                const int64_t f = h * width;
+                for (int64_t d = 0; d < width; ++d) xr[d] = static_cast<acc_t>(xi[f + d]);
+                const scalar_t* ef = efp != nullptr ? efp + static_cast<int64_t>(e) * HD + f : nullptr;
+                const acc_t l = gatv2_logit(xj + f, xr.data(), ef, ap + f, slope, z.data(), width);
+                const acc_t alpha = std::exp(l - lp[i * H + h]);
+                if (has_dropout && (h & 3) == 0) kept = rng.keep4(e, h >> 2);
+                acc_t m_dot = 0;  // m * dot; 0 for a dropped element
+                const scalar_t* gh = g + f;
+                if ((kept >> (h & 3)) & 1u) {
+                  cpu::axpy(acc_x.data() + f, alpha * keep_scale, gh, int64_t(width));
+                  m_dot = keep_scale * cpu::dot<acc_t>(gh, xj + f, int64_t(width));
+                }
+                acc_t grad_l = m_dot - dp[i * H + h];
+                if (glp != nullptr) grad_l += glp[i * H + h];
+                grad_l *= alpha;
+                glw[static_cast<int64_t>(e) * H + h] = grad_l;
+                scalar_t* gef = gefp != nullptr ? gefp + static_cast<int64_t>(e) * HD + f : nullptr;
+                for (int64_t d = 0; d < width; ++d) {
+                  const bool pos = z[d] > acc_t(0);
+                  const acc_t gz = grad_l * ap[f + d] * (pos ? acc_t(1) : slope);
+                  acc_x[f + d] += gz;
+                  acc_a[f + d] += grad_l * (pos ? z[d] : z[d] * slope);
+                  if (gef != nullptr) gef[d] = static_cast<scalar_t>(gz);
+                }
+              }
+            }
+            cpu::store_row(gxlp + j * HD, acc_x.data(), acc_t(1),
+                           static_cast<const acc_t*>(nullptr), HD);
+            std::copy(acc_a.begin(), acc_a.end(), partp + j * HD);
+          }
+        });
+
+        // 3. Destinations over the CSR: grad_x_r[i] = sum over the row of
+        // grad_l * att * leaky_relu'(z).
+        cpu::parallel_rows(rp, N_dst, [&](int64_t begin, int64_t end) CPU_KERNEL_INLINE_LAMBDA {
+          std::vector<acc_t> acc(HD), xr(HD), z(width);
+          for (int64_t i = begin; i < end; ++i) {
+            std::fill(acc.begin(), acc.end(), acc_t(0));
+            for (int64_t f = 0; f < HD; ++f) xr[f] = static_cast<acc_t>(xrp[i * HD + f]);
+            for (int64_t e = rp[i]; e < rp[i + 1]; ++e) {
+              const scalar_t* xj = xlp + static_cast<int64_t>(cp[e]) * HD;
+              for (int64_t h = 0; h < H; ++h) {
+                const int64_t f = h * width;
+                const acc_t grad_l = glw[e * H + h];
+                for (int64_t d = 0; d < width; ++d) {
+                  acc_t zd = static_cast<acc_t>(xj[f + d]) + xr[f + d];
+                  if (efp != nullptr) zd += static_cast<acc_t>(efp[e * HD + f + d]);
+                  acc[f + d] += grad_l * ap[f + d] * (zd > acc_t(0) ? acc_t(1) : slope);
+                }
+              }
+            }
+            cpu::store_row(gxrp + i * HD, acc.data(), acc_t(1),
+                           static_cast<const acc_t*>(nullptr), HD);
+          }
+        });
+      });
+
+      // 4. grad_att: the sources' shares summed in source order, per column.
+      scalar_t* gap = grad_att.data_ptr<scalar_t>();
+      at::parallel_for(0, HD, 16, [&](int64_t f0, int64_t f1) {
+        for (int64_t f = f0; f < f1; ++f) {
+          acc_t sum = 0;
+          for (int64_t j = 0; j < N_src; ++j) sum += partp[j * HD + f];
+          gap[f] = static_cast<scalar_t>(sum);
+        }
+      });
+    });
+  });
+  return {grad_xl, grad_xr, grad_att, grad_ef};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(pyg_multihead_agg, CPU, m) {
+  m.impl("gatv2_attention", &gatv2_attention_cpu);
+  m.impl("gatv2_attention_backward", &gatv2_attention_backward_cpu);
+}
+
+}  // namespace pyg_multihead_agg

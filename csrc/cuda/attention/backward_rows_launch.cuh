@@ -1,0 +1,75 @@
+// What the launchers of the all-heads backward share (backward_rows.cu for
+// GAT, gatv2_backward.cu for GATv2): the sliced work list of the CSC, the
+// row terms (gat_aux_kernel) and the slices' partial rows of grad_x, and the
+// launch of attention_backward_rows_kernel.
+#pragma once
+
+#include <ATen/OpMathType.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/TensorOptions.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "../utils/config.cuh"
+#include "../utils/work_list.cuh"
+#include "backward_rows_kernel.cuh"
+#include "heuristics.cuh"
+#include "params.cuh"
+
+namespace pyg_multihead_agg {
+
+// The scratch of one backward: keeps the work list's and the partial rows'
+// storage alive until the launches that read them are queued.
+struct BackwardScratch {
+  SliceList sl;
+  int64_t max_slots = 0;
+  at::Tensor storage, aux, part_x;
+};
+
+// Sets the lane layout of p, builds the CSC's slice list (slices of
+// slice_len entries), the partial rows of grad_x and the row terms, and
+// launches gat_aux_kernel; `out` is the forward's output.
+template <typename scalar_t, typename index_t>
+BackwardScratch prepare_backward_rows(AttentionParams<scalar_t, index_t>& p, const scalar_t* out,
+                                      const RowConfig& rc, int64_t slice_len,
+                                      const at::TensorOptions& options) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr int kVec = vec_width<scalar_t>();
+  const auto acc_options = options.dtype(c10::CppTypeToScalarType<acc_t>::value);
+  p.G = rc.G;
+  p.S = rc.S;
+  p.log2S = rc.log2S;
+  p.num_chunks = 1;
+  BackwardScratch b;
+  b.sl = make_slice_list(p.ptr, p.num_rows, p.num_edges, slice_len, false, b.storage, options,
+                         b.max_slots);
+  b.aux = at::empty({p.num_gathered * p.H * 4}, acc_options);
+  b.part_x = at::empty({b.max_slots * p.HD}, acc_options);
+  p.aux = b.aux.data_ptr();
+  p.part_x = b.part_x.data_ptr<acc_t>();
+  const int aux_blocks = static_cast<int>(std::max<int64_t>(
+      1, std::min<int64_t>((p.num_gathered + kThreads / p.G - 1) / (kThreads / p.G),
+                           num_sms() * 32LL)));
+  VPL_SWITCH(rc.vpl, kVPL, [&] {
+    gat_aux_kernel<scalar_t, index_t, kVec, kVPL>
+        <<<aux_blocks, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+            p, out, static_cast<RowAux<acc_t>*>(b.aux.data_ptr()));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return b;
+}
+
+// One launch of a persistent attention_backward_rows_kernel instance.
+template <typename Kernel, typename scalar_t, typename index_t>
+void launch_backward_rows_kernel(Kernel kernel, const AttentionParams<scalar_t, index_t>& p,
+                                 const SliceList& sl) {
+  kernel<<<persistent_grid(kernel, p.num_rows, p.G, 0, kBackwardThreads), kBackwardThreads, 0,
+           c10::cuda::getCurrentCUDAStream()>>>(p, sl);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace pyg_multihead_agg

@@ -1,0 +1,155 @@
+// The launcher of GATv2's backward (launch_gatv2_backward_rows,
+// launchers.cuh): gat_aux_kernel (the row terms), the CSC source pass
+// attention_backward_rows_kernel<Gatv2Score> (grad_x_l, grad_e_feat, the
+// sources' shares of grad_att, and per edge the logit gradient and the
+// signs of z), the destination pass gatv2_dst_rows_kernel (grad_x_r), and
+// the slices' sums.
+#include <ATen/OpMathType.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/TensorOptions.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <cstdint>
+
+#include "../utils/config.cuh"
+#include "../utils/dispatch.cuh"
+#include "../utils/lanes.cuh"
+#include "../utils/sum_slices.cuh"
+#include "../utils/work_list.cuh"
+#include "backward_rows_kernel.cuh"
+#include "backward_rows_launch.cuh"
+#include "head_lanes.cuh"
+#include "heuristics.cuh"
+#include "launchers.cuh"
+#include "params.cuh"
+#include "scores.cuh"
+
+namespace pyg_multihead_agg {
+namespace {
+
+// grad_x_r[i, h, c] = att[h, c] * sum over the CSR row i of
+// grad_z[e, h] * (1 if z[e, h, c] > 0 else negative_slope), from the logit
+// gradients and signs the CSC pass stored (by edge id, or by CSC entry
+// through perm_inv): no feature row is gathered. The lane layout of the
+// forward (padded heads); long rows in slices, their partial rows in `part`.
+template <typename scalar_t, typename index_t, int V, int VPL>
+__global__ void __launch_bounds__(kBackwardThreads)
+    gatv2_dst_rows_kernel(const AttentionParams<scalar_t, index_t> p, const index_t* rowptr,
+                          scalar_t* __restrict__ grad_x_dst,
+                          at::opmath_type<scalar_t>* __restrict__ part, const SliceList sl) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr int U = kLoadsInFlight / 2;
+  const int G = p.G, lane = threadIdx.x & (G - 1), q = lane & (p.S - 1);
+  const RowLanes<V, VPL> m(lane, G, p.log2S, p.H, p.D);
+  const int shift = (q * V) & 31, word = (q * V) >> 5;
+  acc_t at[VPL][V];
+#pragma unroll
+  for (int k = 0; k < VPL; ++k) {
+    const auto a = m.valid[k] ? load_vec<scalar_t, V>(p.att + m.feat[k]) : zero_vec<scalar_t, V>();
+    widen(a, at[k]);
+  }
+  auto pass = [&](acc_t(&acc)[VPL][V], int64_t lo, int64_t hi) {
+#pragma unroll
+    for (int k = 0; k < VPL; ++k)
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[k][v] = 0;
+    for (int64_t e0 = lo; e0 < hi; e0 += U) {
+      int64_t zi[U];
+      bool ok[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const bool inside = e0 + u < hi;
+        zi[u] = p.perm_inv != nullptr
+                    ? static_cast<int64_t>(load_index_if(inside, p.perm_inv + e0 + u))
+                    : e0 + u;
+        ok[u] = inside && in_range(zi[u], p.num_edges);
+      }
+      acc_t gl[U][VPL];
+      uint32_t bits[U][VPL];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int k = 0; k < VPL; ++k) {
+          const bool use = ok[u] && m.valid[k];
+          const int64_t zh = zi[u] * p.H + m.head[k];
+          gl[u][k] = load_value_if(use, p.grad_z + zh);
+          bits[u][k] = RawLoad<4>::load(use, p.bits + zh * p.W + word);
+        }
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int k = 0; k < VPL; ++k)
+#pragma unroll
+          for (int v = 0; v < V; ++v)
+            acc[k][v] += gl[u][k] * ((bits[u][k] >> (shift + v)) & 1u ? acc_t(1) : p.negative_slope);
+    }
+#pragma unroll
+    for (int k = 0; k < VPL; ++k)
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[k][v] *= at[k][v];
+  };
+  auto slice = [&](int64_t slot, int64_t, int64_t lo, int64_t hi) {
+    acc_t acc[VPL][V];
+    pass(acc, lo, hi);
+#pragma unroll
+    for (int k = 0; k < VPL; ++k)
+      if (m.valid[k]) store_vec<acc_t, V>(part + slot * p.HD + m.feat[k], acc[k]);
+  };
+  auto row = [&](int64_t r, int64_t lo, int64_t hi) {
+    acc_t acc[VPL][V];
+    pass(acc, lo, hi);
+#pragma unroll
+    for (int k = 0; k < VPL; ++k)
+      if (m.valid[k]) store_vec<scalar_t, V>(grad_x_dst + r * p.HD + m.feat[k], acc[k]);
+  };
+  for_each_slice_or_row(rowptr, p.num_edges, sl, G, slice, row);
+}
+
+}  // namespace
+
+template <typename scalar_t, typename index_t>
+at::Tensor launch_gatv2_backward_rows(AttentionParams<scalar_t, index_t> p, const scalar_t* out,
+                                      scalar_t* grad_x_dst, const index_t* rowptr,
+                                      const RowConfig& rc, const at::TensorOptions& options) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr int kVec = vec_width<scalar_t>();
+  const auto acc_options = options.dtype(c10::CppTypeToScalarType<acc_t>::value);
+  const BackwardScratch b =
+      prepare_backward_rows(p, out, rc, gat_backward_slice_len<scalar_t>(p.num_edges), options);
+  // Each source's (and slice's) share of grad_att; the caller sums them.
+  at::Tensor att_part = at::empty({p.num_rows + b.max_slots, p.HD}, acc_options);
+  p.att_part = att_part.data_ptr<acc_t>();
+  // The destination pass's slices: the CSR's long rows.
+  at::Tensor dst_storage;
+  int64_t dst_slots = 0;
+  const SliceList dst_sl =
+      make_slice_list(rowptr, p.num_gathered, p.num_edges, gat_row_sum_slice_len(p.num_edges),
+                      false, dst_storage, options, dst_slots);
+  const at::Tensor dst_part = at::empty({dst_slots * p.HD}, acc_options);
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  VPL_SWITCH(rc.vpl, kVPL, [&] {
+    launch_backward_rows_kernel(
+        attention_backward_rows_kernel<Gatv2Score, scalar_t, index_t, kVec, kVPL, 0>, p, b.sl);
+    // grad_x_l[j] of every sliced column j: its slices' sum
+    launch_sum_slices(p.ptr, p.num_edges, b.sl, p.part_x, p.out, p.HD,
+                      static_cast<const acc_t*>(nullptr), static_cast<scalar_t*>(nullptr), 0);
+    auto kernel = gatv2_dst_rows_kernel<scalar_t, index_t, kVec, kVPL>;
+    kernel<<<persistent_grid(kernel, p.num_gathered, p.G, 0, kBackwardThreads), kBackwardThreads,
+             0, stream>>>(p, rowptr, grad_x_dst, dst_part.data_ptr<acc_t>(), dst_sl);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  launch_sum_slices(rowptr, p.num_edges, dst_sl, dst_part.data_ptr<acc_t>(), grad_x_dst, p.HD,
+                    static_cast<const acc_t*>(nullptr), static_cast<scalar_t*>(nullptr), 0);
+  return att_part;
+}
+
+#define INSTANTIATE(scalar_t, index_t)                                                     \
+  template at::Tensor launch_gatv2_backward_rows<scalar_t, index_t>(                       \
+      AttentionParams<scalar_t, index_t>, const scalar_t*, scalar_t*, const index_t*,      \
+      const RowConfig&, const at::TensorOptions&);
+FOR_EACH_FLOAT_AND_INDEX(INSTANTIATE)
+#undef INSTANTIATE
+
+}  // namespace pyg_multihead_agg

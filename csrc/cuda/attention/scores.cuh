@@ -1,0 +1,283 @@
+// Score policies of the fused attention skeleton. The skeleton
+// (forward_rows_kernel.cuh: the row walk, online softmax, dropout,
+// aggregation and lse; backward_rows_kernel.cuh: the CSC source pass) is one
+// set of kernel templates, instantiated per policy the way flash-attention
+// instantiates its kernels per traits. A policy supplies only what differs
+// between the layers:
+//
+//   kScalar        the score is a function of per-node scalars (GAT), so a
+//                  row's statistics can come from a pass that gathers no
+//                  feature row: the two-pass forward and the transposed
+//                  variants apply. Otherwise every row takes the online pass,
+//                  which reads each source row once for its score and its
+//                  aggregation.
+//   init           per-thread constants (GATv2: this lane's slice of att).
+//   load_row       what the score needs of destination row r.
+//   Entry,         what it needs of one edge beyond the gathered source
+//   load_entry     vector, loaded with it.
+//   logit          the entry's logit for this lane's vector k (its head's,
+//                  after the nonlinearity), the same in every lane of the
+//                  head; called by every lane of the group (it may shuffle).
+//   Backward, over the CSC (per source j):
+//   Source,        per-source state and its gradient accumulators.
+//   load_source
+//   BEntry,        what an entry needs beyond grad_out[i] and the row terms
+//   load_bentry    (RowAux), loaded with them.
+//   backward       the entry's contribution: the aggregation's gradient
+//                  w * grad_out[i] plus the score's share of grad_x[j] into
+//                  acc, the score's own gradients, and the per-edge logit
+//                  gradient for the destination pass; called by every lane
+//                  (use: whether the entry and vector exist).
+//   store_source / store_slice: the score's per-source results.
+//
+// TransformerConv's dot-product score <q[i], k[j] (+ e)> / sqrt(C) is a
+// third policy of the same shape: a destination row (q[i]) per row, an edge
+// vector, a head butterfly for the logit, per-channel gradients.
+#pragma once
+
+#include <ATen/OpMathType.h>
+
+#include <cstdint>
+
+#include "../utils/index.cuh"
+#include "../utils/vec.cuh"
+#include "head_lanes.cuh"
+#include "params.cuh"
+#include "softmax.cuh"
+
+namespace pyg_multihead_agg {
+
+// What the backward needs of destination row i, head h, in one 16-byte load
+// (two for float64): written by gat_aux_kernel before the CSC pass.
+template <typename acc_t>
+struct alignas(4 * sizeof(acc_t)) RowAux {
+  acc_t sd, lse, dl, pad;  // s_dst[i, h] (GAT), lse[i, h], delta[i, h] - grad_lse[i, h]
+};
+
+// GAT: z = s_src[j] + s_dst[i] (+ s_edge[e]), logit leaky_relu(z), per head.
+template <typename scalar_t, typename index_t, int V, int VPL>
+struct GatScore {
+  using acc_t = at::opmath_type<scalar_t>;
+  using Params = AttentionParams<scalar_t, index_t>;
+  using Lanes = RowLanes<V, VPL>;
+  static constexpr bool kScalar = true;
+
+  acc_t sd[VPL];  // s_dst of the row's heads
+
+  __device__ __forceinline__ void init(const Params&, const Lanes&) {}
+
+  __device__ __forceinline__ void load_row(const Params& p, int64_t r, const Lanes& m) {
+#pragma unroll
+    for (int k = 0; k < VPL; ++k)
+      sd[k] = m.valid[k] ? load_value(p.s_dst + r * p.H + m.head[k]) : acc_t(0);
+  }
+
+  struct Entry {
+    acc_t ssrc, sedge;
+  };
+  __device__ __forceinline__ Entry load_entry(const Params& p, const Lanes& m, int k, bool use,
+                                              index_t j, int64_t e) const {
+    Entry en;
+    en.ssrc = load_value_if(use, p.s_src + static_cast<int64_t>(j) * p.H + m.head[k]);
+    en.sedge = load_value_if(use && p.s_edge != nullptr, p.s_edge + e * p.H + m.head[k]);
+    return en;
+  }
+  __device__ __forceinline__ acc_t logit(const Params& p, int k, bool use, const Entry& en,
+                                         const Vec<scalar_t, V>&, unsigned) const {
+    acc_t z = use ? en.ssrc + sd[k] : acc_t(0);
+    z += en.sedge;
+    return leaky(z, p.negative_slope);
+  }
+
+  // Backward. gsrc: grad_s_src of the source's heads.
+  acc_t ss[VPL], gsrc[VPL];
+
+  __device__ __forceinline__ void load_source(const Params& p, int64_t j, const Lanes& m) {
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      ss[k] = m.valid[k] ? load_value(p.s_src + j * p.H + m.head[k]) : acc_t(0);
+      gsrc[k] = 0;
+    }
+  }
+
+  struct BEntry {
+    acc_t se;  // s_edge[e, h], added last as in the forward's z
+  };
+  __device__ __forceinline__ BEntry load_bentry(const Params& p, const Lanes& m, int k, bool use,
+                                                index_t, index_t e) const {
+    return {load_value_if(use && p.s_edge != nullptr,
+                          p.s_edge + static_cast<int64_t>(e) * p.H + m.head[k])};
+  }
+
+  __device__ __forceinline__ void backward(const Params& p, const Lanes& m, int k, bool use, int q,
+                                           unsigned, acc_t dot, acc_t mk,
+                                           const Vec<scalar_t, V>& gv, const Vec<scalar_t, V>&,
+                                           const RowAux<acc_t>& ax, const BEntry& be,
+                                           acc_t (&acc)[V], int64_t zi, int64_t) {
+    if (!use) return;
+    acc_t z = ss[k] + ax.sd;
+    z += be.se;
+    const acc_t alpha = exp_(leaky(z, p.negative_slope) - ax.lse);
+    const acc_t w = alpha * mk;
+    axpy_vec(acc, w, gv);
+    const acc_t gz = alpha * (mk * dot - ax.dl) * (z > acc_t(0) ? acc_t(1) : p.negative_slope);
+    gsrc[k] += gz;
+    if (q == 0) p.grad_z[zi * p.H + m.head[k]] = gz;
+  }
+
+  __device__ __forceinline__ void store_source(const Params& p, int64_t j, const Lanes& m, int k,
+                                               bool leader) const {
+    if (leader) p.grad_s_src[j * p.H + m.head[k]] = static_cast<scalar_t>(gsrc[k]);
+  }
+  __device__ __forceinline__ void store_slice(const Params& p, int64_t slot, const Lanes& m,
+                                              int k, bool leader) const {
+    if (leader) p.part_src[slot * p.H + m.head[k]] = gsrc[k];
+  }
+};
+
+// GATv2: z[c] = x_l[j, c] + x_r[i, c] (+ e_feat[e, c]) per channel, logit
+// sum_c att[c] * leaky_relu(z[c]) over the head: each lane sums its V
+// channels, then the head's S lanes (lanes_sum, the order of the backward's
+// dots, so that the backward recomputes the forward's logit bit for bit).
+template <typename scalar_t, typename index_t, int V, int VPL>
+struct Gatv2Score {
+  using acc_t = at::opmath_type<scalar_t>;
+  using Params = AttentionParams<scalar_t, index_t>;
+  using Lanes = RowLanes<V, VPL>;
+  static constexpr bool kScalar = false;
+
+  acc_t at[VPL][V];  // this lane's channels of att (0 for padding lanes)
+  acc_t xr[VPL][V];  // forward: x_r of the row
+
+  __device__ __forceinline__ void init(const Params& p, const Lanes& m) {
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      const auto a = m.valid[k] ? load_vec<scalar_t, V>(p.att + m.feat[k]) : zero_vec<scalar_t, V>();
+      widen(a, at[k]);
+    }
+  }
+
+  __device__ __forceinline__ void load_row(const Params& p, int64_t r, const Lanes& m) {
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      const auto x = m.valid[k] ? load_vec<scalar_t, V>(p.x_dst + r * p.HD + m.feat[k])
+                                : zero_vec<scalar_t, V>();
+      widen(x, xr[k]);
+    }
+  }
+
+  struct Entry {
+    Vec<scalar_t, V> ef;
+  };
+  __device__ __forceinline__ Entry load_entry(const Params& p, const Lanes& m, int k, bool use,
+                                              index_t, int64_t e) const {
+    return {load_vec_if<scalar_t, V>(use && p.e_feat != nullptr, p.e_feat + e * p.HD + m.feat[k])};
+  }
+
+  // sum over this lane's channels of att * leaky_relu(z), z = xl + xr + ef.
+  __device__ __forceinline__ acc_t lane_logit(const Params& p, const acc_t (&a)[V],
+                                              const Vec<scalar_t, V>& xl, const acc_t (&r)[V],
+                                              const Vec<scalar_t, V>& ef, acc_t (&z)[V]) const {
+    acc_t xw[V], ew[V];
+    widen(xl, xw);
+    widen(ef, ew);
+    acc_t part = 0;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      z[v] = xw[v] + r[v];
+      z[v] += ew[v];
+      part += a[v] * leaky(z[v], p.negative_slope);
+    }
+    return part;
+  }
+
+  __device__ __forceinline__ acc_t logit(const Params& p, int k, bool, const Entry& en,
+                                         const Vec<scalar_t, V>& xv, unsigned mask) const {
+    acc_t z[V];
+    return lanes_sum(lane_logit(p, at[k], xv, xr[k], en.ef, z), p.S, mask);
+  }
+
+  // Backward. ga: this source's share of grad_att (its lane's channels).
+  acc_t ga[VPL][V];
+
+  __device__ __forceinline__ void load_source(const Params&, int64_t, const Lanes&) {
+#pragma unroll
+    for (int k = 0; k < VPL; ++k)
+#pragma unroll
+      for (int v = 0; v < V; ++v) ga[k][v] = 0;
+  }
+
+  struct BEntry {
+    Vec<scalar_t, V> xr, ef;  // x_r[i] and e_feat[e] of the entry
+  };
+  __device__ __forceinline__ BEntry load_bentry(const Params& p, const Lanes& m, int k, bool use,
+                                                index_t i, index_t e) const {
+    BEntry be;
+    be.xr = load_vec_if<scalar_t, V>(use, p.x_dst + static_cast<int64_t>(i) * p.HD + m.feat[k]);
+    be.ef = load_vec_if<scalar_t, V>(use && p.e_feat != nullptr,
+                                     p.e_feat + static_cast<int64_t>(e) * p.HD + m.feat[k]);
+    return be;
+  }
+
+  // With w = alpha * m and the logit gradient gl = alpha * (m * dot - dl):
+  // acc += w * grad_out[i] + gl * att * leaky_relu'(z) (grad_x_l[j]),
+  // ga += gl * leaky_relu(z), grad_e_feat[e] = gl * att * leaky_relu'(z); gl
+  // goes to grad_z[zi, h] and the signs of z to bits[zi, h], for the
+  // destination pass (gatv2_dst_rows_kernel), which needs no gather.
+  __device__ __forceinline__ void backward(const Params& p, const Lanes& m, int k, bool use, int q,
+                                           unsigned mask, acc_t dot, acc_t mk,
+                                           const Vec<scalar_t, V>& gv, const Vec<scalar_t, V>& xj,
+                                           const RowAux<acc_t>& ax, const BEntry& be,
+                                           acc_t (&acc)[V], int64_t zi, int64_t e) {
+    acc_t r[V], z[V];
+    widen(be.xr, r);
+    const acc_t l = lanes_sum(lane_logit(p, at[k], xj, r, be.ef, z), p.S, mask);
+    // The signs of this lane's V channels, at their place in the head's word.
+    uint32_t sign = 0;
+#pragma unroll
+    for (int v = 0; v < V; ++v) sign |= (z[v] > acc_t(0) ? 1u : 0u) << v;
+    const int c0 = q * V;
+    sign <<= (c0 & 31);
+    const int word_lanes = p.S < 32 / V ? p.S : 32 / V;  // lanes sharing a word
+    for (int off = 1; off < word_lanes; off <<= 1) sign |= __shfl_xor_sync(mask, sign, off);
+    if (!use) return;
+    const acc_t alpha = exp_(l - ax.lse);
+    const acc_t w = alpha * mk;
+    const acc_t gl = alpha * (mk * dot - ax.dl);
+    acc_t gw[V], gz[V];
+    widen(gv, gw);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const bool pos = z[v] > acc_t(0);
+      gz[v] = gl * at[k][v] * (pos ? acc_t(1) : p.negative_slope);
+      acc[v] += w * gw[v] + gz[v];
+      ga[k][v] += gl * (pos ? z[v] : z[v] * p.negative_slope);
+    }
+    const int64_t zh = zi * p.H + m.head[k];
+    if (q == 0) p.grad_z[zh] = gl;
+    if ((c0 & 31) == 0) p.bits[zh * p.W + (c0 >> 5)] = sign;
+    if (p.grad_e_feat != nullptr) store_vec<scalar_t, V>(p.grad_e_feat + e * p.HD + m.feat[k], gz);
+  }
+
+  __device__ __forceinline__ void store_source(const Params& p, int64_t j, const Lanes& m, int k,
+                                               bool) const {
+    store_vec<acc_t, V>(p.att_part + j * p.HD + m.feat[k], ga[k]);
+  }
+  __device__ __forceinline__ void store_slice(const Params& p, int64_t slot, const Lanes& m, int k,
+                                              bool) const {
+    store_vec<acc_t, V>(p.att_part + (p.num_rows + slot) * p.HD + m.feat[k], ga[k]);
+  }
+};
+
+// The lane layout of a policy's kernels: heads of exactly S vectors for
+// scalar scores (GAT's D = S * V), padded heads for the others.
+template <class Score, int V, int VPL>
+__device__ __forceinline__ RowLanes<V, VPL> score_lanes(int lane, int G, int log2S, int H, int D) {
+  if constexpr (Score::kScalar) {
+    return RowLanes<V, VPL>(lane, G, log2S, H);
+  } else {
+    return RowLanes<V, VPL>(lane, G, log2S, H, D);
+  }
+}
+
+}  // namespace pyg_multihead_agg
