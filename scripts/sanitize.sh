@@ -90,6 +90,20 @@ GAT=(
   "$G::test_backward_with_bias_matches_reference[8x50-E400-H8-D64-hub-float32-no_csc-s_edge-p0.5-cuda]"
   "$G::test_backward_with_bias_matches_reference[60x6-E800-H3-D16-float32-csc-s_edge-p0-cuda]"
 )
+# The GATv2 kernels (Gatv2Score on the skeleton, the destination pass): a
+# hub row (block-wide forward), every source a long CSC column (sliced CSC
+# pass), padded heads (48 channels on 16 lanes, 7 channels copied to 8),
+# edge features, dropout, bias and perm_inv.
+V=tests/test_gatv2_attention.py
+GATV2=(
+  "$V::test_forward_matches_reference[8x50-E400-H8-D64-hub-float32-int32-e_feat-p0.5-cuda]"
+  "$V::test_forward_matches_reference[60x6-E800-H3-D16-bfloat16-int64-e_feat-p0.5-cuda]"
+  "$V::test_backward_matches_reference[8x50-E400-H8-D64-hub-f32-i32-edge_dropout-csc_perm_inv-cuda]"
+  "$V::test_backward_matches_reference[60x6-E800-H3-D16-bf16-i64-edge_bias-csc-cuda]"
+  "$V::test_backward_matches_reference[25x25-E60-H2-D33-f16-i32-dropout-no_csc-cuda]"
+  "$V::test_heads_and_channels[3-48-float32-cuda]"
+  "$V::test_heads_and_channels[1-7-bfloat16-cuda]"
+)
 # The transposed dot-product kernels (heads of 8 and 4 lanes: float32 D = 32,
 # bf16 D = 32, float32 D = 16) against the per-lane ones, hub included.
 TRANSPOSED=(
@@ -163,15 +177,15 @@ OURS=(--kernel-name kns=pyg_multihead_agg)
 
 selection() {
   case "$1" in
-    memcheck) echo "${SMALL[@]}" "${NARROW[@]}" "${HUB[@]}" "${GAT[@]}" "${TRANSPOSED[@]}" \
+    memcheck) echo "${SMALL[@]}" "${NARROW[@]}" "${HUB[@]}" "${GAT[@]}" "${GATV2[@]}" "${TRANSPOSED[@]}" \
       "${SORTED[@]}" "${PERMINV[@]}" "${TC[@]}" "${MALFORMED[@]}";;
     memcheck_large) echo "tests/test_large_index.py::test_many_source_rows[4-64-index_dtype0]";;
     racecheck) echo "${HUB[@]}" "${SMALL[0]}" "${SMALL[2]}" "${GAT[@]:1:2}" "${GAT[@]:4:2}" \
-      "${SORTED[@]:0:1}" "${PERMINV[@]:0:2}" "${TC[@]:0:2}" "${TC[@]:5:1}";;
+      "${SORTED[@]:0:1}" "${PERMINV[@]:0:2}" "${TC[@]:0:2}" "${TC[@]:5:1}" "${GATV2[@]:0:3}";;
     initcheck) echo "${SMALL[@]:0:3}" "${NARROW[0]}" "${HUB[0]}" \
-      "$K::test_malformed_graphs_do_not_fault" "${GAT[@]}" "${TRANSPOSED[@]}";;
+      "$K::test_malformed_graphs_do_not_fault" "${GAT[@]}" "${GATV2[@]}" "${TRANSPOSED[@]}";;
     synccheck) echo "${SMALL[@]:0:3}" "${NARROW[0]}" "${HUB[@]}" "${GAT[@]}" "${TRANSPOSED[@]}" \
-      "${SORTED[@]}" "${PERMINV[@]:0:4}" "${TC[@]:0:3}" "${TC[@]:5:1}";;
+      "${SORTED[@]}" "${PERMINV[@]:0:4}" "${TC[@]:0:3}" "${TC[@]:5:1}" "${GATV2[@]}";;
   esac
 }
 

@@ -458,12 +458,41 @@ def test_hooks_and_explain_take_pyg_path(kind):
     assert seen and FUSED_OP not in events
     events = op_events(lambda: run(ours, case, kind, adj, x_src.float(), x_dst.float(), None))
     assert FUSED_OP in events
-    if kind == "edge_index":  # (PyG decomposes only message/aggregate)
-        ours.decomposed_layers = 2
-        out = ours(x_src.float(), adj, size=size_arg(case, kind))
-        events = op_events(lambda: ours(x_src.float(), adj, size=size_arg(case, kind)))
-        assert FUSED_OP not in events
-        assert rel_error(out, ref.float()(x_src.float(), edge_index[:, perm])) <= 1e-5
+    if kind == "edge_index":
+        # decomposed_layers > 1 is PyG's path, which fails as PyG's own layer
+        # does: its decomposition chunks every propagate argument, and x is
+        # a pair.
+        ours.decomposed_layers = ref.decomposed_layers = 2
+        with pytest.raises(AttributeError) as theirs:
+            ref.float()(x_src.float(), edge_index[:, perm])
+        with pytest.raises(AttributeError) as mine:
+            ours(x_src.float(), adj, size=size_arg(case, kind))
+        assert str(mine.value) == str(theirs.value)
+
+
+@pytest.mark.parametrize("kind", ["edge_index", "torch_csr"])
+def test_explain_masks_reach_pyg_path(kind):
+    """The explainer's edge mask scales PyG's messages in our layer as in
+    PyG's, also when a PyG GATConv was built first (make_layers builds it
+    first), whose generated propagate knows no explainer."""
+    from torch_geometric.explain.algorithm.utils import clear_masks, set_masks
+
+    case = CASES[0]
+    edge_index, x_src, _, _ = make_graph(case, 27)
+    ref, ours = make_layers(case, 27)
+    adj, perm = make_adj(kind, edge_index, case.num_src, case.num_dst)
+    x = x_src.float()
+    unmasked = ours(x, adj)
+    mask = torch.rand(edge_index.size(1), generator=torch.Generator().manual_seed(3))
+    set_masks(ours, mask, edge_index[:, perm], apply_sigmoid=True)
+    set_masks(ref, mask, edge_index[:, perm], apply_sigmoid=True)
+    events = op_events(lambda: ours(x, adj))
+    out = ours(x, adj)
+    assert FUSED_OP not in events
+    assert rel_error(out, ref(x, adj)) <= 1e-6
+    assert rel_error(out, unmasked) > 1e-3
+    clear_masks(ours)
+    assert FUSED_OP in op_events(lambda: ours(x, adj))
 
 
 def same_structure(ours, pyg):

@@ -301,3 +301,66 @@ def test_gat_attention(device, p, with_edge, dropout, mode, through):
         err = float((g.detach().double().cpu() - r).norm() / max(float(r.norm()), scale, 1e-30))
         tol = 4 * TOLERANCE[p.dtype]
         assert err <= tol, f"grad {name}: relative error {err:.3g} > {tol:.3g} for {p}"
+
+
+# ---------------------------------------------------------------------------
+# The fused GATv2 attention op (gatv2_attention and its backward)
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+@given(p=problems(), with_edge=st.booleans(), dropout=st.sampled_from([0.0, 0.4]),
+       mode=st.sampled_from(["csc", "no_csc"]))
+def test_gatv2_attention(device, p, with_edge, dropout, mode):
+    """out and lse of the fused GATv2 attention, and the gradients of x_l,
+    x_r, att and e_feat, against the float64 reference on the same graphs,
+    layouts and dtypes. CUDA takes heads up to 32 vectors with
+    heads * next_pow2(vectors) <= 128, and refuses wider ones by name."""
+    from gat_reference import reference_gatv2_attention
+
+    rowptr, col = csr_of(p, device)
+    num_edges, H, C = col.numel(), p.heads, p.channels
+    _, x_l, grad_out, gen = values(p, num_edges, device)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(device, p.dtype).requires_grad_()
+
+    x_l = x_l.requires_grad_()
+    x_r, att = rand(p.num_dst, H, C), rand(H, C)
+    e_feat = rand(num_edges, H, C) if with_edge else None
+    philox = torch.tensor([p.seed, 7], dtype=torch.int64) if dropout else None
+    csc = shuffled_csc(rowptr, col, p.num_src, gen) if mode == "csc" else None
+    poison((p.num_dst, H, C), p.dtype, device)
+    try:
+        out, lse = pma.gatv2_attention(rowptr, col, x_l, x_r, att, e_feat=e_feat,
+                                       dropout=dropout, philox=philox, csc=csc)
+    except RuntimeError as exc:
+        if device == "cuda" and "supports heads of at most" in str(exc):
+            vec = 16 // x_l.element_size()
+            vectors = -(-C // vec)
+            assert vectors > 32 or H * (1 << (vectors - 1).bit_length()) > 128, str(exc)
+            return
+        raise
+    leaves = [t.detach().double().cpu().requires_grad_() for t in (x_l, x_r, att)]
+    leaves.append(e_feat.detach().double().cpu().requires_grad_() if with_edge else None)
+    ref_out, ref_lse = reference_gatv2_attention(rowptr, col, *leaves[:3], leaves[3],
+                                                 dropout=dropout, philox=philox)
+    assert_matches(out, ref_out, p, "gatv2_attention out")
+    assert_lse_close(lse, ref_lse, p.dtype)
+    inputs = [t for t in (x_l, x_r, att, e_feat) if t is not None]
+    grads = torch.autograd.grad(out, inputs, grad_out)
+    ref = torch.autograd.grad(ref_out, [t for t in leaves if t is not None],
+                              grad_out.detach().double().cpu())
+    # The score gradients cancel (alpha * (m * dot - delta)) and att's sums
+    # over every edge: measured against the scale of |g| * |x_l| per edge.
+    xs = x_l.detach().double().cpu()
+    scale = float(grad_out.detach().double().cpu().norm()
+                  * (xs.norm(dim=-1).max() if xs.numel() else 0.0) / (1.0 - dropout))
+    for g, r, name in zip(grads, ref, ["x_l", "x_r", "att", "e_feat"], strict=False):
+        assert g.dtype == p.dtype, (name, g.dtype)
+        rel_error(g, r)  # shape and finiteness
+        err = float((g.detach().double().cpu() - r).norm()
+                    / max(float(r.norm()), scale if name != "x_l" else 0.0, 1e-30))
+        tol = (4 if name != "x_l" else 2) * TOLERANCE[p.dtype]
+        if name == "att":
+            tol *= 4
+        assert err <= tol, f"grad {name}: relative error {err:.3g} > {tol:.3g} for {p}"

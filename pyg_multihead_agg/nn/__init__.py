@@ -1,4 +1,5 @@
 """Layers built on the fused multi-head aggregation operator."""
 from .gat_conv import GATConv
+from .gatv2_conv import GATv2Conv
 
-__all__ = ["GATConv"]
+__all__ = ["GATConv", "GATv2Conv"]

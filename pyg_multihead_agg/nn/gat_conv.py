@@ -5,28 +5,24 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.nn import GATConv as PyGGATConv
-from torch_geometric.typing import (
-    Adj,
-    OptPairTensor,
-    OptTensor,
-    Size,
-    SparseTensor,
-    torch_sparse,
-)
-from torch_geometric.utils import add_self_loops, is_torch_sparse_tensor, remove_self_loops
-from torch_geometric.utils.sparse import set_sparse_value
+from torch_geometric.typing import Adj, OptPairTensor, OptTensor, Size, SparseTensor
 
 from .. import graph as graphs
 from .. import ops
+from ._attention import FusedAttention
 from ._compat import fake_safe_edge_index_repr
 
 fake_safe_edge_index_repr()  # for torch.compile with EdgeIndex inputs on torch 2.11
 
-# PyG's MessagePassing hook dictionaries: with any hook registered, the layer
-# takes PyG's path, where the hooks see the messages they expect.
-_HOOKS = ("propagate_forward_pre", "propagate_forward", "message_forward_pre", "message_forward",
-          "aggregate_forward_pre", "aggregate_forward", "message_and_aggregate_forward_pre",
-          "message_and_aggregate_forward", "edge_update_forward_pre", "edge_update_forward")
+
+def fused_head_supported(channels: int, dtype: torch.dtype) -> bool:
+    """Whether the CUDA kernels of :func:`~pyg_multihead_agg.gat_attention`
+    serve heads of ``channels`` in ``dtype``: a head must fit one chunk of
+    the CUDA backward, 128 16-byte vectors, or 128 elements when
+    ``channels`` is not a multiple of the vector width."""
+    vec = 16 // dtype.itemsize
+    limit = 128 * vec if channels % vec == 0 else 128
+    return channels <= limit
 
 
 class _FoldedScores(torch.autograd.Function):
@@ -110,7 +106,7 @@ def _fold(w: Tensor, atts: Tuple[Tensor, ...]) -> Tensor:
     return torch.bmm(a, w).permute(2, 1, 0).reshape(w.size(2), -1)  # [H, k, F] -> [F, k*H]
 
 
-class GATConv(PyGGATConv):
+class GATConv(FusedAttention, PyGGATConv):
     r"""Drop-in replacement for :class:`torch_geometric.nn.GATConv` whose
     edge softmax, attention dropout and aggregation run in one fused,
     deterministic kernel (:func:`pyg_multihead_agg.gat_attention`) for every
@@ -223,6 +219,7 @@ class GATConv(PyGGATConv):
         torch.Size([5, 32])
     """
     SUPPORTS_FUSED_EDGE_INDEX = True
+    _fused_head_supported = staticmethod(fused_head_supported)
 
     def __init__(self, *args, fused_attention: bool = True, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -264,51 +261,11 @@ class GATConv(PyGGATConv):
                 PyG adds them) and their attention weights, as PyG does.
                 (default: :obj:`None`)
         """
-        if (self.add_self_loops and edge_attr is not None
-                and is_torch_sparse_tensor(edge_index)):
-            # PyG fails here with a bare AssertionError inside remove_self_loops.
-            raise NotImplementedError(
-                "The usage of 'edge_attr' and 'add_self_loops' simultaneously is not supported "
-                "for 'edge_index' as a torch.sparse tensor: add the self-loops to the graph "
-                "beforehand and set 'add_self_loops=False'")
-        if (self.add_self_loops and self.edge_dim is not None
-                and isinstance(edge_index, SparseTensor)):
-            raise NotImplementedError(
-                "The usage of 'edge_attr' and 'add_self_loops' simultaneously is currently not "
-                "yet supported for 'edge_index' in a 'SparseTensor' form")
+        self._check_adjacency(edge_index, edge_attr)
         if self._uses_fused_attention(x, edge_index, return_attention_weights):
             return self._fused_forward(x, edge_index, edge_attr, size, return_attention_weights)
         self._check_index_range(x, edge_index, size)
         return super().forward(x, edge_index, edge_attr, size, return_attention_weights)
-
-    def _uses_fused_attention(self, x: Union[Tensor, OptPairTensor], edge_index: Adj,
-                              return_attention_weights: Optional[bool]) -> bool:
-        # The fused attention op (softmax + dropout + aggregation in one
-        # kernel) is taken unless PyG hooks or the explainer must observe the
-        # per-edge messages, or the attention weights after dropout are asked
-        # for (the fused op does not materialise the mask).
-        if not getattr(self, "fused_attention", True) or self.decomposed_layers > 1:
-            return False
-        if getattr(self, "_explain", None) or any(
-                len(getattr(self, f"_{name}_hooks")) > 0 for name in _HOOKS):
-            return False
-        if return_attention_weights and self.training and self.dropout > 0:
-            return False
-        x_src = x if isinstance(x, Tensor) else x[0]
-        if x_src.is_cuda:
-            # A head of C channels must fit one chunk of the CUDA backward:
-            # 128 16-byte vectors, or 128 elements when C is not a multiple
-            # of the vector width.
-            vec = 16 // self._fused_dtype(x_src).itemsize
-            limit = 128 * vec if self.out_channels % vec == 0 else 128
-            return self.out_channels <= limit
-        return True
-
-    @staticmethod
-    def _fused_dtype(x_src: Tensor) -> torch.dtype:
-        if torch.is_autocast_enabled(x_src.device.type):
-            return torch.get_autocast_dtype(x_src.device.type)
-        return x_src.dtype if x_src.is_floating_point() else torch.get_default_dtype()
 
     def _scores(self, lin: torch.nn.Module, x_in: Tensor, x_proj: Tensor,
                 *atts: Tensor) -> Tuple[Tensor, ...]:
@@ -439,62 +396,20 @@ class GATConv(PyGGATConv):
             out = out + self.bias
         if not return_attention_weights:
             return out
-        return out, self._attention_weights(edge_index, loops, alpha_src, alpha_dst, alpha_edge,
-                                            loop_alpha_edge, graph.crop_rows(lse))
+        lse = graph.crop_rows(lse)
+
+        def logits(src: Tensor, dst: Tensor, edge: OptTensor) -> Tensor:
+            logit = alpha_src.to(lse.dtype)[src] + alpha_dst.to(lse.dtype)[dst]
+            if edge is not None:
+                logit = logit + edge.to(lse.dtype)
+            return F.leaky_relu(logit, self.negative_slope)
+
+        return out, self._attention_weights(edge_index, loops, lse, logits, alpha_edge,
+                                            loop_alpha_edge, alpha_src.dtype)
 
     def _edge_scores(self, edge_attr: Tensor) -> Tensor:
         edge_feat = self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
         return (edge_feat * self.att_edge).sum(dim=-1)
-
-    def _attention_weights(self, edge_index: Adj, loops: Optional[int], alpha_src: Tensor,
-                           alpha_dst: Tensor, alpha_edge: OptTensor, loop_alpha_edge: OptTensor,
-                           lse: Tensor):
-        # PyG's returned graph (with self-loops where PyG puts them), and the
-        # attention weights of its edges recomputed from the row log-sum-exp.
-        looped = edge_index
-        if loops is not None:
-            if isinstance(edge_index, SparseTensor):
-                looped = torch_sparse.set_diag(edge_index)
-            else:
-                src, dst = graphs.edge_coordinates(edge_index)
-                if alpha_edge is not None:
-                    alpha_edge = torch.cat([alpha_edge[src != dst], loop_alpha_edge])
-                looped, _ = remove_self_loops(edge_index)
-                looped, _ = add_self_loops(looped, num_nodes=loops)
-        src, dst = graphs.edge_coordinates(looped)
-        src, dst = src.long(), dst.long()
-        logit = alpha_src.to(lse.dtype)[src] + alpha_dst.to(lse.dtype)[dst]
-        if alpha_edge is not None:
-            logit = logit + alpha_edge.to(lse.dtype)
-        alpha = torch.exp(F.leaky_relu(logit, self.negative_slope) - lse[dst])
-        alpha = alpha.to(alpha_src.dtype)
-        if isinstance(looped, SparseTensor):
-            return looped.set_value(alpha, layout="coo")
-        if is_torch_sparse_tensor(looped):
-            return set_sparse_value(looped, alpha), alpha
-        return looped, alpha
-
-    def _check_index_range(self, x: Union[Tensor, OptPairTensor], edge_index: Adj,
-                           size: Size) -> None:
-        # PyG's own path: on the CPU its gathers turn an out-of-range index
-        # into an IndexError, on CUDA into a device-side assert that leaves
-        # the CUDA context unusable. Check once per graph instead.
-        if (not isinstance(edge_index, Tensor) or is_torch_sparse_tensor(edge_index)
-                or edge_index.dim() != 2):
-            return
-        x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
-        x_dst = x_src if x_dst is None else x_dst
-        bounds = (size[0], size[1]) if size is not None else (x_src.size(0), x_dst.size(0))
-        graphs.check_index(edge_index, *bounds)
-
-    @staticmethod
-    def _num_loop_nodes(x: Union[Tensor, OptPairTensor], size: Size) -> int:
-        # As PyG: loops only for nodes that are both sources and destinations.
-        x_src, x_dst = (x, None) if isinstance(x, Tensor) else x
-        num_nodes = x_src.size(0)
-        if x_dst is not None:
-            num_nodes = min(num_nodes, x_dst.size(0))
-        return min(size) if size is not None else num_nodes
 
     def message_and_aggregate(self, edge_index: Adj, x: OptPairTensor, alpha: Tensor) -> Tensor:
         # PyG's propagate calls this for sparse adjacencies (SparseTensor,
