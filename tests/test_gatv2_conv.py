@@ -601,12 +601,17 @@ def test_out_of_range_edge_index_raises_index_error(bad, fused):
 # CUDA head widths.
 
 def test_fused_head_supported():
-    assert fused_head_supported(128, torch.float32)
-    assert not fused_head_supported(129, torch.float32)
-    assert fused_head_supported(256, torch.bfloat16) and fused_head_supported(256, torch.float16)
-    assert not fused_head_supported(257, torch.float16)
-    assert fused_head_supported(64, torch.float64)
-    assert not fused_head_supported(65, torch.float64)
+    assert fused_head_supported(4, 128, torch.float32)
+    assert not fused_head_supported(1, 129, torch.float32)
+    assert fused_head_supported(4, 256, torch.bfloat16) and fused_head_supported(4, 256, torch.float16)
+    assert not fused_head_supported(1, 257, torch.float16)
+    assert fused_head_supported(4, 64, torch.float64)
+    assert not fused_head_supported(1, 65, torch.float64)
+    # rows of heads * next_pow2(vectors) <= 128 vectors: 8 x 64 float32 (8 x 16), 5 x 48
+    # float32 (5 x 16: 80), not 8 x 64 float64 (8 x 32) or 9 x 64 float32 (9 x 16)
+    assert fused_head_supported(8, 64, torch.float32) and fused_head_supported(5, 48, torch.float32)
+    assert not fused_head_supported(8, 64, torch.float64)
+    assert not fused_head_supported(9, 64, torch.float32)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

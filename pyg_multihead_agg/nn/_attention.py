@@ -26,7 +26,7 @@ Logits = Callable[[Tensor, Tensor, OptTensor], Tensor]
 
 class FusedAttention:
     """Mixed into a subclass of a PyG attention layer (listed before it), which
-    provides ``fused_attention`` and ``_fused_head_supported(channels, dtype)``:
+    provides ``fused_attention`` and ``_fused_head_supported(heads, channels, dtype)``:
     whether the CUDA kernels serve heads of ``channels`` in ``dtype``."""
 
     # MessagePassing keeps the class's propagate (and edge_updater) before
@@ -67,7 +67,8 @@ class FusedAttention:
             return False
         x_src = x if isinstance(x, Tensor) else x[0]
         if x_src.is_cuda:
-            return self._fused_head_supported(self.out_channels, self._fused_dtype(x_src))
+            return self._fused_head_supported(self.heads, self.out_channels,
+                                              self._fused_dtype(x_src))
         return True
 
     @staticmethod

@@ -15,9 +15,9 @@ from ._compat import fake_safe_edge_index_repr
 fake_safe_edge_index_repr()  # for torch.compile with EdgeIndex inputs on torch 2.11
 
 
-def fused_head_supported(channels: int, dtype: torch.dtype) -> bool:
+def fused_head_supported(heads: int, channels: int, dtype: torch.dtype) -> bool:
     """Whether the CUDA kernels of :func:`~pyg_multihead_agg.gat_attention`
-    serve heads of ``channels`` in ``dtype``: a head must fit one chunk of
+    serve heads of ``channels`` in ``dtype`` (any number of heads): a head must fit one chunk of
     the CUDA backward, 128 16-byte vectors, or 128 elements when
     ``channels`` is not a multiple of the vector width."""
     vec = 16 // dtype.itemsize

@@ -15,11 +15,14 @@ from ._compat import fake_safe_edge_index_repr
 fake_safe_edge_index_repr()  # for torch.compile with EdgeIndex inputs on torch 2.11
 
 
-def fused_head_supported(channels: int, dtype: torch.dtype) -> bool:
+def fused_head_supported(heads: int, channels: int, dtype: torch.dtype) -> bool:
     """Whether the CUDA kernels of :func:`~pyg_multihead_agg.gatv2_attention`
-    serve heads of ``channels`` in ``dtype``: at most 32 16-byte vectors per
-    head (128 channels in float32, 256 in half types, 64 in float64)."""
-    return channels <= 32 * (16 // dtype.itemsize)
+    serve ``heads`` heads of ``channels`` in ``dtype``: at most 32 16-byte
+    vectors per head (128 channels in float32, 256 in half types, 64 in
+    float64), and a row of ``heads * next_pow2(vectors)`` vectors of at most
+    128 (csrc/cuda/attention/heuristics.cuh, gatv2_row_config)."""
+    vectors = -(-channels // (16 // dtype.itemsize))
+    return vectors <= 32 and heads * (1 << max(vectors - 1, 0).bit_length()) <= 128
 
 
 class GATv2Conv(FusedAttention, PyGGATv2Conv):

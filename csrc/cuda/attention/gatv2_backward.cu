@@ -7,6 +7,7 @@
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/TensorOptions.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
@@ -119,7 +120,8 @@ at::Tensor launch_gatv2_backward_rows(AttentionParams<scalar_t, index_t> p, cons
   const BackwardScratch b =
       prepare_backward_rows(p, out, rc, gat_backward_slice_len<scalar_t>(p.num_edges), options);
   // Each source's (and slice's) share of grad_att; the caller sums them.
-  at::Tensor att_part = at::empty({p.num_rows + b.max_slots, p.HD}, acc_options);
+  // (zero-filled: a sliced source writes its shares to its slots, not its row)
+  at::Tensor att_part = at::zeros({p.num_rows + b.max_slots, p.HD}, acc_options);
   p.att_part = att_part.data_ptr<acc_t>();
   // The destination pass's slices: the CSR's long rows.
   at::Tensor dst_storage;
