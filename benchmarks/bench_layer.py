@@ -1,14 +1,21 @@
-"""GAT layer benchmark: forward, and forward + backward, of one GATConv, PyG's
-against ours.
+"""GAT layer benchmark: forward, and forward + backward, of one GATConv or
+GATv2Conv, PyG's against ours.
 
-F_in = 128, heads H and channels D from the graph's shape, every layer with
-the same weights (one ``state_dict``) and ``add_self_loops=False`` on a graph
-that already holds exactly one self-loop per node (so that every adjacency
-type sees the same edges and no row pays for self-loop handling per call):
+F_in = 128, heads H and channels D from the graph's shape, every layer of a
+family with the same weights (one ``state_dict``) and
+``add_self_loops=False`` on a graph that already holds exactly one self-loop
+per node (so that every adjacency type sees the same edges and no row pays for
+self-loop handling per call). ``--conv`` picks the layer family: ``gat`` (the
+default), ``gatv2`` or ``all``; each family has the rows below, a GATv2 row's
+method starting with ``GATv2`` (``GATv2 PyG edge_index compiled``,
+``GATv2 ours edge_index eager``, ...) and measured against its own family's
+PyG rows:
 
-- ``PyG edge_index``: ``torch_geometric.nn.GATConv`` on a plain ``[2, E]``
-  ``edge_index``, eager and under ``torch.compile`` (the strongest peer);
-- ``ours <adjacency>``: ``pyg_multihead_agg.nn.GATConv`` (fused attention:
+- ``PyG edge_index``: ``torch_geometric.nn.GATConv`` (``GATv2Conv``) on a
+  plain ``[2, E]`` ``edge_index``, eager and under ``torch.compile`` (the
+  strongest peer);
+- ``ours <adjacency>``: ``pyg_multihead_agg.nn.GATConv`` (``GATv2Conv``;
+  fused attention:
   softmax, dropout and aggregation in one op) on the same plain
   ``edge_index``, a ``torch.sparse_csr`` ``adj_t``, a column-sorted
   ``EdgeIndex`` (caches filled) and a ``SparseTensor`` ``adj_t`` (caches
@@ -26,11 +33,14 @@ A training step (pass ``forward+backward``) is ``out = layer(x, adj)`` then
 ``grad_out``; an inference step (pass ``forward``) is ``layer(x, adj)`` under
 ``torch.no_grad()``. The output and every parameter gradient are checked first
 against PyG's layer in float64, on the edges into (a sample of) the
-destination rows.
+destination rows. With both families (``--conv all``) each GATv2 row also
+reports its time over the GAT row of the same method, graph, dtype and pass.
 
     python benchmarks/bench_layer.py --device cuda
+    python benchmarks/bench_layer.py --device cuda --conv all
 
-Writes benchmarks/reference/layer_<device>.{json,md,png} (see --out, --tag).
+Writes benchmarks/reference/layer_<device>.{json,md,png}, or
+layer_gatv2_<device>.* with ``--conv gatv2`` (see --out, --tag).
 """
 import copy
 import functools
@@ -41,13 +51,14 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch._dynamo
 from torch import Tensor
 from torch_geometric import EdgeIndex
 from torch_geometric.nn import GATConv as PyGGATConv
+from torch_geometric.nn import GATv2Conv as PyGGATv2Conv
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -71,11 +82,43 @@ warnings.filterwarnings("ignore", message=".*Sparse CSR tensor support is in bet
 warnings.filterwarnings("ignore", message=".*does not implement _stable_hash_for_caching.*")
 
 
-def our_gatconv():
-    """``pyg_multihead_agg.nn.GATConv``, or the reason it cannot be imported."""
+@dataclass(frozen=True)
+class Family:
+    """A layer family: PyG's class, the name of ours in ``pyg_multihead_agg.nn``
+    and the prefix of its rows' methods (none for GAT, whose rows keep the
+    names of the reference files)."""
+    key: str  # the --conv value
+    name: str  # the class name, in torch_geometric.nn and in pyg_multihead_agg.nn
+    pyg: type
+    prefix: str
+
+    def method(self, name: str) -> str:
+        return self.prefix + name
+
+    @property
+    def peers(self) -> Tuple[str, str]:
+        return self.method(PYG_EAGER), self.method(PYG_COMPILED)
+
+
+GAT = Family("gat", "GATConv", PyGGATConv, "")
+GATV2 = Family("gatv2", "GATv2Conv", PyGGATv2Conv, "GATv2 ")
+FAMILIES = {f.key: f for f in (GAT, GATV2)}
+CONV_CHOICES = {"gat": (GAT,), "gatv2": (GATV2,), "all": (GAT, GATV2)}
+
+
+def family_of(method: str) -> Family:
+    return GATV2 if method.startswith(GATV2.prefix) else GAT
+
+
+def is_ours(method: str) -> bool:
+    return method.removeprefix(family_of(method).prefix).startswith("ours")
+
+
+def our_layer(name: str):
+    """``pyg_multihead_agg.nn.<name>``, or the reason it cannot be imported."""
     try:
-        from pyg_multihead_agg.nn import GATConv
-        return GATConv, None
+        import pyg_multihead_agg.nn as our_nn
+        return getattr(our_nn, name), None
     except Exception as exc:  # noqa: BLE001  (any import failure skips its rows)
         return None, f"{type(exc).__name__}: {exc}"
 
@@ -192,20 +235,35 @@ def run_variant(r: Row, make: Callable[[], Tuple[torch.nn.Module, object]], x: T
 
 
 def variants(g: Graph, pyg: torch.nn.Module, ours: Optional[torch.nn.Module], dtype: torch.dtype,
-             args) -> List[Tuple[str, Callable[[], Tuple[torch.nn.Module, object]]]]:
-    """(name, make) per row; ``make`` gives (layer, adjacency), compiling lazily.
-    Each adjacency is built once, shared by its eager and compiled rows."""
+             args, family: Family = GAT
+             ) -> List[Tuple[str, Callable[[], Tuple[torch.nn.Module, object]]]]:
+    """(name, make) per row of one layer family; ``make`` gives (layer,
+    adjacency), compiling lazily. Each adjacency is built once, shared by its
+    eager and compiled rows."""
     edge_index = g.edge_index()
     out = [(PYG_EAGER, lambda: (pyg, edge_index))]
     if not args.no_compile:
         out.append((PYG_COMPILED, lambda: (torch.compile(pyg, dynamic=args.dynamic), edge_index)))
-    if ours is None:
-        return out
+    if ours is not None:
+        out += our_variants(g, ours, dtype, args)
+    out = [(family.method(name), make) for name, make in out]
+    if args.methods:
+        keep = re.compile(args.methods)
+        out = [(name, make) for name, make in out if keep.search(name)]
+    return out
 
+
+def our_variants(g: Graph, ours: torch.nn.Module, dtype: torch.dtype, args
+                 ) -> List[Tuple[str, Callable[[], Tuple[torch.nn.Module, object]]]]:
+    """The rows of our layer: every adjacency, eager and compiled, fused and not
+    (the fold-off rows only for a layer with ``fold_scores``)."""
+    out = []
     unfused = copy.deepcopy(ours)
     unfused.fused_attention = False
-    unfolded = copy.deepcopy(ours)  # fused attention, PyG's score products
-    unfolded.fold_scores = False
+    unfolded = None
+    if args.fold_off_rows and hasattr(ours, "fold_scores"):
+        unfolded = copy.deepcopy(ours)  # fused attention, PyG's score products
+        unfolded.fold_scores = False
     uncached = copy.deepcopy(ours)  # every call converts its graph, as a first call does
     uncached.register_forward_pre_hook(lambda module, args: prepared_graphs.clear_cache())
     for adj_name, build in adjacencies(g, dtype):
@@ -226,45 +284,77 @@ def variants(g: Graph, pyg: torch.nn.Module, ours: Optional[torch.nn.Module], dt
             continue  # unfused: PyG's own path for a plain edge_index
         out.append((f"ours {adj_name} unfused eager",
                     functools.partial(lambda a: (unfused, a()), get_adj)))
-        if args.fold_off_rows:
+        if unfolded is not None:
             out.append((f"ours {adj_name} eager, scores unfolded",
                         functools.partial(lambda a: (unfolded, a()), get_adj)))
-    if args.methods:
-        keep = re.compile(args.methods)
-        out = [(name, make) for name, make in out if keep.search(name)]
     return out
+
+
+def make_pyg_layer(family: Family, heads: int, channels: int, device: torch.device,
+                   dtype: torch.dtype) -> torch.nn.Module:
+    """PyG's layer of ``family``, seeded; every bias drawn from N(0, 0.1) (the
+    default zeros would leave them unchecked)."""
+    torch.manual_seed(0)
+    pyg = family.pyg(IN_CHANNELS, channels, heads=heads, add_self_loops=False)
+    with torch.no_grad():
+        for name, param in pyg.named_parameters():
+            if name == "bias" or name.endswith(".bias"):
+                param.normal_(0, 0.1)
+    return pyg.to(device, dtype)
 
 
 def bench_dtype(g: Graph, dtype: torch.dtype, args, device: torch.device,
                 label: str) -> List[Row]:
+    """Every row of every family of ``args.families`` on one graph and dtype:
+    the same inputs for all."""
     dname = str(dtype).replace("torch.", "")
-    heads, channels, n = g.heads, g.channels, g.num_nodes
-    if not args.dynamic:
-        torch._dynamo.reset()  # static shapes: compile afresh for this graph and dtype
-    torch.manual_seed(0)
-    pyg = PyGGATConv(IN_CHANNELS, channels, heads=heads, add_self_loops=False)
-    with torch.no_grad():
-        pyg.bias.normal_(0, 0.1)  # the default zeros would leave the bias unchecked
-    pyg = pyg.to(device, dtype)
     gen = torch.Generator(device).manual_seed(0)
-    x = torch.randn(n, IN_CHANNELS, generator=gen, device=device, dtype=dtype)
-    grad_out = torch.randn(n, heads * channels, generator=gen, device=device, dtype=dtype)
-    check = reference(g, pyg, x, grad_out, args.check_limit)
-    log(f"{g.name} {dname}: float64 reference on {check.what}")
+    x = torch.randn(g.num_nodes, IN_CHANNELS, generator=gen, device=device, dtype=dtype)
+    grad_out = torch.randn(g.num_nodes, g.heads * g.channels, generator=gen, device=device,
+                           dtype=dtype)
+    rows = []
+    for family in args.families:
+        rows += bench_family(g, family, x, grad_out, args, device, label, dname)
+        common.free_memory(device)
+    return rows
+
+
+def bench_family(g: Graph, family: Family, x: Tensor, grad_out: Tensor, args,
+                 device: torch.device, label: str, dname: str) -> List[Row]:
+    """The rows of one layer family: PyG's layer and ours with one
+    ``state_dict``, checked against PyG's in float64, then timed."""
+    heads, channels, dtype = g.heads, g.channels, x.dtype
+    if not args.dynamic:
+        torch._dynamo.reset()  # static shapes: compile afresh for this graph, dtype and layer
+    pyg = make_pyg_layer(family, heads, channels, device, dtype)
+    try:
+        check = reference(g, pyg, x, grad_out, args.check_limit)
+    except Exception as exc:  # noqa: BLE001  (out of memory: the family's rows did not run)
+        status = common.describe_failure(exc)
+        log(f"{g.name} {dname} {family.name}: float64 reference failed ({status})")
+        return [Row(label, dname, family.method(f"{name} (all rows)"), TRAIN, status=status,
+                    extra={"error": f"float64 reference: {exc}"[:300]})
+                for name in ("PyG", "ours")]
+    log(f"{g.name} {dname} {family.name}: float64 reference on {check.what}")
 
     rows = []
-    OurGATConv, why = our_gatconv()
+    OurLayer, why = our_layer(family.name)
     ours = None
-    if OurGATConv is None:
-        log(f"pyg_multihead_agg.nn.GATConv is not importable, skipping its rows ({why})")
-        rows.append(Row(label, dname, "ours (all adjacencies)", "forward+backward",
-                        status=f"skipped: pyg_multihead_agg.nn.GATConv not importable: {why}"))
-    else:
-        ours = OurGATConv(IN_CHANNELS, channels, heads=heads, add_self_loops=False)
-        ours.load_state_dict(pyg.state_dict())
-        ours = ours.to(device, dtype)
+    if OurLayer is not None:
+        try:
+            ours = OurLayer(IN_CHANNELS, channels, heads=heads, add_self_loops=False)
+            ours.load_state_dict(pyg.state_dict())
+            ours = ours.to(device, dtype)
+        except Exception as exc:  # noqa: BLE001  (reported as its rows' status)
+            ours, why = None, f"{type(exc).__name__}: {exc}"
+            OurLayer = None
+    if OurLayer is None:
+        log(f"pyg_multihead_agg.nn.{family.name} is not usable, skipping its rows ({why})")
+        rows.append(Row(label, dname, family.method("ours (all adjacencies)"), "forward+backward",
+                        status=f"skipped: pyg_multihead_agg.nn.{family.name} not usable: "
+                        f"{why}"[:300]))
     baseline: Dict[str, Dict[str, float]] = {}  # per pass, PyG eager's errors once it ran
-    for method, make in variants(g, pyg, ours, dtype, args):
+    for method, make in variants(g, pyg, ours, dtype, args, family):
         for pass_ in args.passes:
             body = functools.partial(run_variant, make=make, x=x, grad_out=grad_out,
                                      check=check, baseline=baseline.setdefault(pass_, {}),
@@ -272,7 +362,7 @@ def bench_dtype(g: Graph, dtype: torch.dtype, args, device: torch.device,
             r = common.run_guarded(Row(label, dname, method, pass_,
                                        extra={"checked_on": check.what}), body, device)
             rows.append(r)
-            if method == PYG_EAGER:
+            if method == family.method(PYG_EAGER):
                 baseline[pass_].update(r.rel_errs)
             first = r.extra.get("first_call_s")
             graphs = (f", {r.extra['graphs_compiled']} graphs, {r.extra['graph_breaks']} breaks"
@@ -299,43 +389,81 @@ def bench_shape(shape: str, dtypes: List[torch.dtype], args, device: torch.devic
             notes[-1] += f"; checked on {rows[-1].extra.get('checked_on')}"
         common.free_memory(device)
         rows_out += rows
-        all_ok &= all(r.check == "ok" for r in rows if r.method.startswith("ours"))
+        all_ok &= all(r.check == "ok" for r in rows if is_ours(r.method))
     return all_ok
 
 
 def add_memory_ratios(rows: List[Row]) -> None:
-    """``extra["mem_vs_pyg_compiled"]``: peak extra memory over PyG compiled's."""
-    peer = {(r.shape, r.dtype, r.pass_): r.peak_extra_bytes for r in rows
-            if r.method == PYG_COMPILED and r.peak_extra_bytes}
+    """``extra["mem_vs_pyg_compiled"]``: peak extra memory over PyG compiled's
+    (of the row's own layer family)."""
+    peer = {(r.shape, r.dtype, r.pass_, family_of(r.method)): r.peak_extra_bytes for r in rows
+            if r.method == family_of(r.method).method(PYG_COMPILED) and r.peak_extra_bytes}
     for r in rows:
-        base = peer.get((r.shape, r.dtype, r.pass_))
+        base = peer.get((r.shape, r.dtype, r.pass_, family_of(r.method)))
         if base and r.peak_extra_bytes is not None and r.ms is not None:
             r.extra["mem_vs_pyg_compiled"] = r.peak_extra_bytes / base
 
 
-def table(rows: List[Row]) -> str:
+def add_speedups(rows: List[Row]) -> None:
+    """Speed-ups of each row over its own family's PyG rows."""
+    for family in FAMILIES.values():
+        common.add_speedups([r for r in rows if family_of(r.method) is family], family.peers)
+
+
+def add_gat_ratios(rows: List[Row]) -> None:
+    """``extra["ms_vs_gat"]`` of a GATv2 row: its time over the GAT row of the
+    same method, graph, dtype and pass (above 1: GATv2 is slower)."""
+    gat = {(r.shape, r.dtype, r.pass_, r.method): r.ms for r in rows
+           if family_of(r.method) is GAT and r.ms}
+    for r in rows:
+        if family_of(r.method) is GATV2 and r.ms:
+            base = gat.get((r.shape, r.dtype, r.pass_, r.method.removeprefix(GATV2.prefix)))
+            if base:
+                r.extra["ms_vs_gat"] = r.ms / base
+
+
+def table(rows: List[Row], family: Family = GAT) -> str:
+    """The rows of one layer family; GATv2's with their time over GAT's."""
+    eager, compiled = family.peers
+    with_gat = family is GATV2 and any("ms_vs_gat" in r.extra for r in rows)
     headers = ["shape", "dtype", "method", "pass", "ms", "x PyG eager", "x PyG compiled",
                "peak extra", "mem / PyG compiled", "rel err out", "rel err grads", "check"]
+    if with_gat:
+        headers.insert(7, "ms / GAT")
     cells = []
     for r in rows:
         ratio = r.extra.get("mem_vs_pyg_compiled")
         grads = [v for k, v in r.rel_errs.items() if k.startswith("grad")]
         cells.append([r.shape, r.dtype, r.method, r.pass_, common.fmt_ms(r),
-                      common.fmt_speedup(r, PYG_EAGER), common.fmt_speedup(r, PYG_COMPILED),
+                      common.fmt_speedup(r, eager), common.fmt_speedup(r, compiled),
                       common.fmt_bytes(r.peak_extra_bytes),
                       "-" if ratio is None else f"{ratio:.2f}",
                       f"{r.rel_errs['out']:.1e}" if "out" in r.rel_errs else "-",
                       f"{max(grads):.1e}" if grads else "-", r.check or "-"])
+        if with_gat:
+            gat = r.extra.get("ms_vs_gat")
+            cells[-1].insert(7, "-" if gat is None else f"{gat:.2f}")
     return common.markdown_table(headers, cells)
 
 
-def report(rows: List[Row], notes: List[str], meta, args, device: torch.device) -> None:
-    """Speed-ups, the table and the files of the rows so far."""
-    common.add_speedups(rows, PEERS)
-    add_memory_ratios(rows)
+def tables(rows: List[Row], families: Sequence[Family]) -> str:
+    """One table per family, each under its class name when there are several."""
+    if len(families) == 1:
+        return table(rows, families[0])
+    return "\n\n".join(f"## {f.name}\n\n" + table([r for r in rows if family_of(r.method) is f], f)
+                       for f in families)
 
-    text = table(rows)
-    notes_md = ("One GATConv(128, D, heads=H, add_self_loops=False) on a graph with one "
+
+def report(rows: List[Row], notes: List[str], meta, args, device: torch.device) -> None:
+    """Speed-ups, the tables and the files of the rows so far."""
+    families = args.families
+    add_speedups(rows)
+    add_memory_ratios(rows)
+    add_gat_ratios(rows)
+
+    text = tables(rows, families)
+    layers = " or ".join(f"{f.name}(128, D, heads=H, add_self_loops=False)" for f in families)
+    notes_md = (f"One {layers} on a graph with one "
                 "self-loop per node: pass forward+backward = the forward, then the gradients "
                 "of all parameters; pass forward = the forward under torch.no_grad(). "
                 "peak extra: max_memory_allocated minus what was allocated before the step "
@@ -344,7 +472,13 @@ def report(rows: List[Row], notes: List[str], meta, args, device: torch.device) 
                 "FAIL if one is above twice PyG eager's error for it or the tolerance, "
                 "whichever is larger: "
                 + ", ".join(f"{str(k).replace('torch.', '')} {v:g}" for k, v in TOLERANCE.items())
-                + f". {meta['compile']}.\n\n" + "\n".join(notes))
+                + f". {meta['compile']}.")
+    if GATV2 in families:
+        notes_md += (" GATv2 rows: speed-ups, memory and errors against PyG's GATv2Conv"
+                     + ("; ms / GAT: the row's time over the GAT row of the same method, "
+                        "graph, dtype and pass (above 1: GATv2 is slower)"
+                        if GAT in families else "") + ".")
+    notes_md += "\n\n" + "\n".join(notes)
     compiled = [f"- {r.shape} {r.dtype} {r.method}: first call took {r.extra['first_call_s']} s, "
                 f"{r.extra['graphs_compiled']} graph(s), {r.extra['graph_breaks']} graph break(s)"
                 for r in rows if "graphs_compiled" in r.extra]
@@ -353,12 +487,15 @@ def report(rows: List[Row], notes: List[str], meta, args, device: torch.device) 
     failures = common.failure_notes(rows)
     if failures:
         notes_md += "\n\nRows that did not run:\n" + failures
-    stem = common.result_stem("layer", device, args.tag)
+    kind = "layer_gatv2" if families == (GATV2,) else "layer"
+    stem = common.result_stem(kind, device, args.tag)
+    title = " and ".join(f.name.removesuffix("Conv") for f in families)
     paths = common.write_results(args.out, stem,
-                                 "GAT layer benchmark (forward; forward + backward)", meta,
-                                 rows, text, notes_md, chart_peers=PEERS,
+                                 f"{title} layer benchmark (forward; forward + backward)", meta,
+                                 rows, text, notes_md,
+                                 chart_peers=[p for f in families for p in f.peers],
                                  chart_methods=[m for m in dict.fromkeys(r.method for r in rows)
-                                                if m.startswith("ours")])
+                                                if is_ours(m)])
     print()
     print(f"{common.summary_line(meta)}, {meta['compile']}")
     print(text)
@@ -369,14 +506,17 @@ def report(rows: List[Row], notes: List[str], meta, args, device: torch.device) 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = common.benchmark_parser(__doc__.split("\n\n")[0], check_limit=1 << 20)
+    parser.add_argument("--conv", default="gat", choices=tuple(CONV_CHOICES),
+                        help="layer family: gat (GATConv), gatv2 (GATv2Conv) or all (both, "
+                        "with each GATv2 row's time over GAT's)")
     parser.add_argument("--dynamic", action="store_true",
                         help="torch.compile(dynamic=True): one compile serves every graph "
                         "(faster to run; default: static shapes, compiled per graph)")
     parser.add_argument("--methods", default=None,
                         help="regular expression: run only the rows whose method matches "
-                        "(e.g. 'compiled|csr')")
+                        "(e.g. 'compiled|csr'; GATv2 rows' methods start with 'GATv2 ')")
     parser.add_argument("--fold-off-rows", action="store_true",
-                        help="also run our fused layer with fold_scores=False")
+                        help="also run our fused GATConv with fold_scores=False")
     parser.add_argument("--no-compile", action="store_true",
                         help="eager rows only (skips torch.compile and its warm-up)")
     parser.add_argument("--passes", default=f"{FORWARD},{TRAIN}",
@@ -387,14 +527,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     bad = [p for p in args.passes if p not in (FORWARD, TRAIN)]
     if bad or not args.passes:
         parser.error(f"--passes: expected {FORWARD} and/or {TRAIN}, got {args.passes!r}")
+    args.families = CONV_CHOICES[args.conv]
     # Every (layer, adjacency, graph, dtype) is its own compiled graph.
     torch._dynamo.config.recompile_limit = 64
 
     meta = common.environment(device, sys.argv if argv is None else [__file__] + argv)
     meta["in_channels"] = IN_CHANNELS
+    meta["layers"] = ", ".join(f.name for f in args.families)
     meta["compile"] = ("no compiled rows" if args.no_compile else
                        f"torch.compile(dynamic={args.dynamic})")
-    log(f"{meta['machine']}: GAT layer, {' and '.join(args.passes)}")
+    log(f"{meta['machine']}: {meta['layers']}, {' and '.join(args.passes)}")
     rows: List[Row] = []
     notes: List[str] = []
     ok = True

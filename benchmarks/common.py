@@ -389,7 +389,7 @@ def _bar_chart(path: str, title: str, meta: Dict[str, Any], rows: List[Row],
                                                     len(peers)), squeeze=False)
     speedups = {(r.shape, r.dtype, r.pass_, r.method): r.speedup for r in rows}
     for ax, peer in zip(axes[:, 0], peers, strict=True):
-        values = []
+        values, shown = [], set()
         for g, key in enumerate(groups):
             # Centre the bars of the methods that have a value in this group.
             present = [(k, m) for k, m in enumerate(methods)
@@ -400,6 +400,7 @@ def _bar_chart(path: str, title: str, meta: Dict[str, Any], rows: List[Row],
                 bars = ax.bar([g - 0.4 + width * (slot + 0.5)], [v], width, color=f"C{k % 10}")
                 ax.bar_label(bars, fmt="%.1f", fontsize=6, rotation=90, padding=2)
                 values.append(v)
+                shown.add(k)
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_yscale("log")
         ax.set_ylim(min([0.5] + [v / 1.5 for v in values]), max([2.0] + [v * 2 for v in values]))
@@ -409,8 +410,9 @@ def _bar_chart(path: str, title: str, meta: Dict[str, Any], rows: List[Row],
         ax.set_ylabel(f"speed-up over\n{peer}")
         ax.set_xticks(range(len(groups)))
         ax.set_xticklabels(["\n".join(str(x) for x in g) for g in groups], fontsize=7)
-        ax.legend(handles=[Patch(color=f"C{k % 10}", label=m) for k, m in enumerate(methods)],
-                  fontsize=7, ncol=2)
+        # The methods drawn in this panel (a peer of one layer family has no bars of another).
+        ax.legend(handles=[Patch(color=f"C{k % 10}", label=m) for k, m in enumerate(methods)
+                           if k in shown], fontsize=7, ncol=2)
     fig.suptitle(f"{title}\n{meta['machine']}, torch {meta['torch']}, "
                  f"PyG {meta['torch_geometric']}, {meta['date']}, commit {meta['git_commit']}",
                  fontsize=9)

@@ -1,4 +1,5 @@
-r"""Train the GAT of Veličković et al. (ICLR 2018) on Cora, CiteSeer or PubMed.
+r"""Train the GAT of Veličković et al. (ICLR 2018), or its GATv2 variant (Brody
+et al., ICLR 2022), on Cora, CiteSeer or PubMed.
 
 The model and settings are the paper's: two GAT layers, 8 heads x 8 hidden
 channels with ELU, dropout 0.6 on the inputs of both layers and on the
@@ -7,8 +8,10 @@ PubMed), Adam with lr 0.005 and weight decay 5e-4 (0.01 and 0.001 on PubMed),
 up to 1000 epochs with early stopping on the validation loss (patience 100).
 The reported test accuracy is the one at the epoch of lowest validation loss.
 
-``--layer`` picks the layer: ``ours`` (:class:`pyg_multihead_agg.nn.GATConv`,
-the default) or ``pyg`` (:class:`torch_geometric.nn.GATConv`, the baseline).
+``--conv`` picks the layer family: ``gat`` (``GATConv``, the default) or
+``gatv2`` (``GATv2Conv``: the same model and settings, with GATv2's attention).
+``--layer`` picks whose layer: ``ours`` (:mod:`pyg_multihead_agg.nn`, the
+default) or ``pyg`` (:mod:`torch_geometric.nn`, the baseline).
 ``--adj`` picks the adjacency, built once before training:
 
 - ``edge_index``: the dataset's plain ``edge_index`` (the default),
@@ -24,6 +27,7 @@ Example::
 
     python examples/train_cora.py --runs 10 --json cora.json --plot cora.png
     python examples/train_cora.py --layer pyg --runs 10   # the baseline
+    python examples/train_cora.py --conv gatv2 --runs 10
 """
 import argparse
 import json
@@ -44,10 +48,13 @@ from torch_geometric import EdgeIndex, seed_everything
 from torch_geometric.datasets import Planetoid
 
 import pyg_multihead_agg
-from pyg_multihead_agg.nn import GATConv
+from pyg_multihead_agg.nn import GATConv, GATv2Conv
 
 ADJ_CHOICES = ("edge_index", "edge_index_sorted", "sparse_tensor", "csr")
-LAYERS = {"ours": GATConv, "pyg": torch_geometric.nn.GATConv}
+# The layer class of each --conv (layer family) and --layer (ours, or PyG's baseline).
+CONVS = {"gat": {"ours": GATConv, "pyg": torch_geometric.nn.GATConv},
+         "gatv2": {"ours": GATv2Conv, "pyg": torch_geometric.nn.GATv2Conv}}
+LAYERS = ("ours", "pyg")
 DATASETS = ("Cora", "CiteSeer", "PubMed")
 DEFAULT_ROOT = os.path.join("~", ".cache", "pyg_multihead_agg", "data")
 # Epochs of each run left out of the timing median (allocator warm-up, torch.compile).
@@ -223,8 +230,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--dataset", default="Cora", choices=DATASETS)
     parser.add_argument("--root", default=DEFAULT_ROOT,
                         help="data folder; Planetoid reads (or downloads) <root>/<dataset>/raw")
-    parser.add_argument("--layer", default="ours", choices=tuple(LAYERS),
-                        help="ours: pyg_multihead_agg.nn.GATConv; pyg: PyG's GATConv (baseline)")
+    parser.add_argument("--conv", default="gat", choices=tuple(CONVS),
+                        help="layer family: gat (GATConv) or gatv2 (GATv2Conv)")
+    parser.add_argument("--layer", default="ours", choices=LAYERS,
+                        help="ours: pyg_multihead_agg.nn's layer; pyg: PyG's (baseline)")
     parser.add_argument("--adj", default="edge_index", choices=ADJ_CHOICES,
                         help="adjacency type")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -259,7 +268,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         settings["lr"] = args.lr
     if args.weight_decay is not None:
         settings["weight_decay"] = args.weight_decay
-    conv = LAYERS[args.layer]
+    conv = CONVS[args.conv][args.layer]
 
     dataset = load_dataset(args.root, args.dataset)
     data = dataset[0].to(device)
@@ -289,7 +298,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         epoch_ms_median=statistics.median(all_times),
         runs=[{k: v for k, v in run.items() if k != "history"} for run in runs],
         settings=dict(dataset=args.dataset, layer=args.layer, adj=args.adj,
-                      conv=f"{conv.__module__}.GATConv",
+                      conv=f"{conv.__module__}.{conv.__name__}", conv_family=args.conv,
                       device=str(device), compile=args.compile, seed=args.seed,
                       num_runs=args.runs, max_epochs=args.epochs, patience=args.patience,
                       warmup_epochs_untimed=WARMUP_EPOCHS, **settings),
@@ -301,9 +310,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
     if args.plot:
-        title = f"GAT on {args.dataset}, --layer {args.layer} --adj {args.adj}, seed {args.seed}"
+        model = "GAT" if args.conv == "gat" else "GATv2"
+        title = (f"{model} on {args.dataset}, --layer {args.layer} --adj {args.adj}, "
+                 f"seed {args.seed}")
         plot_history(runs[0]["history"], runs[0]["best_epoch"], title, args.plot)
-    print(f"{args.dataset} --layer {args.layer} --adj {args.adj}"
+    print(f"{args.dataset} --conv {args.conv} --layer {args.layer} --adj {args.adj}"
           f"{' --compile' if args.compile else ''} on "
           f"{result['versions']['device']}: test accuracy {100 * result['test_acc_mean']:.2f} "
           f"± {100 * result['test_acc_std']:.2f}% over {args.runs} run(s), "

@@ -1,6 +1,9 @@
 """tools/bench_kernels.py checks every call against float64 before timing it: the
 spmm checks find a wrong forward, grad_x or grad_weight, and a wrong result
-stops the run unless --no-check (CPU kernels, cora-like)."""
+stops the run unless --no-check (CPU kernels, cora-like). benchmarks/bench_layer.py
+runs its GATConv and GATv2Conv rows on the CPU, checks them against PyG's layer,
+reports a wrong layer and records an out-of-memory row without stopping."""
+import json
 import os
 import sys
 
@@ -10,6 +13,7 @@ import torch
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path[:0] = [os.path.join(REPO, "tools"), os.path.join(REPO, "benchmarks")]
 import bench_kernels as bk  # noqa: E402
+import bench_layer  # noqa: E402
 from graphs import make_graph  # noqa: E402
 
 import pyg_multihead_agg as pma  # noqa: E402
@@ -49,3 +53,92 @@ def test_spmm_check_stops_a_wrong_result(spmm_case, wrong):
 def test_nan_is_never_within_tolerance():
     with pytest.raises(SystemExit):
         bk.enforce({"out": float("nan")}, torch.bfloat16, "x", True)
+
+
+# bench_layer on cora-like, eager, float32: PyG's rows and our fused layer on edge_index.
+LAYER_ARGS = ["--device", "cpu", "--shapes", "cora-like", "--dtypes", "float32", "--no-compile",
+              "--methods", "PyG|ours edge_index eager$"]
+
+
+def _layer_run(tmp_path, *args):
+    rc = bench_layer.main(LAYER_ARGS + ["--out", str(tmp_path)] + list(args))
+    stem = "layer_gatv2_cpu" if "gatv2" in args else "layer_cpu"
+    rows = json.loads((tmp_path / f"{stem}.json").read_text())["rows"]
+    return rc, {(r["method"], r["pass"]): r for r in rows}, (tmp_path / f"{stem}.md").read_text()
+
+
+def test_layer_bench_gat_and_gatv2_rows(tmp_path):
+    rc, rows, md = _layer_run(tmp_path, "--conv", "all")
+    assert rc == 0
+    passes = ("forward", "forward+backward")
+    gat = ("PyG edge_index eager", "ours edge_index eager")
+    gatv2 = tuple("GATv2 " + m for m in gat)
+    assert set(rows) == {(m, p) for m in gat + gatv2 for p in passes}
+    for (_, pass_), r in rows.items():
+        assert r["status"] == "ok" and r["check"] == "ok", r
+        assert r["ms"] > 0 and "out" in r["rel_errs"]
+        assert any(k.startswith("grad") for k in r["rel_errs"]) == (pass_ == "forward+backward")
+    for p in passes:
+        # Each family against its own PyG layer; GATv2's time over GAT's.
+        ours_v2 = rows[("GATv2 ours edge_index eager", p)]
+        assert set(ours_v2["speedup"]) == {"GATv2 PyG edge_index eager"}
+        assert set(rows[("ours edge_index eager", p)]["speedup"]) == {"PyG edge_index eager"}
+        assert ours_v2["extra"]["ms_vs_gat"] == pytest.approx(
+            ours_v2["ms"] / rows[("ours edge_index eager", p)]["ms"])
+        assert "ms_vs_gat" not in rows[("ours edge_index eager", p)]["extra"]
+        assert {k for k in ours_v2["rel_errs"] if k.startswith("grad")} >= (
+            {"grad att", "grad lin_l.weight", "grad lin_r.weight", "grad bias"}
+            if p == "forward+backward" else set())
+    assert "## GATConv" in md and "## GATv2Conv" in md and "| ms / GAT |" in md
+
+
+def test_layer_bench_default_is_gat_only(tmp_path):
+    rc, rows, md = _layer_run(tmp_path, "--passes", "forward")
+    assert rc == 0
+    assert set(rows) == {("PyG edge_index eager", "forward"), ("ours edge_index eager", "forward")}
+    assert "GATv2" not in md and "ms / GAT" not in md
+
+
+def test_layer_bench_fails_a_wrong_gatv2(tmp_path, monkeypatch):
+    real = bench_layer.our_layer
+
+    def skewed(name):
+        cls, why = real(name)
+        if name != "GATv2Conv" or cls is None:
+            return cls, why
+
+        def make(*args, **kwargs):  # the real layer, its output off by 1%
+            layer = cls(*args, **kwargs)
+            layer.register_forward_hook(lambda module, inputs, out: out * 1.01)
+            return layer
+        return make, None
+
+    monkeypatch.setattr(bench_layer, "our_layer", skewed)
+    rc, rows, _ = _layer_run(tmp_path, "--conv", "gatv2", "--passes", "forward")
+    assert rc == 1
+    assert rows[("GATv2 PyG edge_index eager", "forward")]["check"] == "ok"
+    wrong = rows[("GATv2 ours edge_index eager", "forward")]
+    assert wrong["check"] == "FAIL" and wrong["rel_errs"]["out"] > 5e-3, wrong
+
+
+def test_layer_bench_records_out_of_memory(tmp_path, monkeypatch):
+    make_pyg = bench_layer.make_pyg_layer
+
+    def oom_pyg(family, *args):
+        layer = make_pyg(family, *args)
+
+        def oom(module, inputs):  # the float64 reference still runs
+            if inputs[0].dtype != torch.float64:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 93.00 GiB")
+        layer.register_forward_pre_hook(oom)
+        return layer
+
+    monkeypatch.setattr(bench_layer, "make_pyg_layer", oom_pyg)
+    rc, rows, md = _layer_run(tmp_path, "--conv", "gatv2")
+    assert rc == 0  # ours ran and passed its checks
+    for p in ("forward", "forward+backward"):
+        assert rows[("GATv2 PyG edge_index eager", p)]["status"] == "out of memory"
+        assert rows[("GATv2 PyG edge_index eager", p)]["ms"] is None
+        ours = rows[("GATv2 ours edge_index eager", p)]
+        assert ours["status"] == "ok" and ours["check"] == "ok" and not ours["speedup"]
+    assert "out of memory" in md

@@ -3,7 +3,8 @@
 Times, with CUDA events (median of >= 10 after warm-up), each operator call
 on its own: ``multihead_spmm`` forward (float32, bfloat16), the fused
 ``gat_attention`` forward and its backward op (``gat_attention_backward``,
-given the CSC), and the plain copy ceiling. It is the quick loop for kernel
+given the CSC), ``gatv2_attention`` and its backward (where the build has
+it), and the plain copy ceiling. It is the quick loop for kernel
 tuning; ``bench_ops.py`` and ``bench_layer.py`` are the full comparisons with
 the peers. Before timing, every call's results are checked against float64
 references on a subset (the first rows of the spmm forward and of the fused
@@ -156,6 +157,15 @@ def bench_dtype(g, csc, dtype, device, ncu, profile=False, check=True, only=()):
     if perm_inv is not None:
         calls["gat_bwd_inv"] = lambda: _ops.gat_attention_backward(
             g.rowptr, g.col, colptr, row, perm, s_src, s_dst, None, x, out, lse, grad, None,
+            0.2, 0.0, None, None, perm_inv)
+    if hasattr(_ops, "gatv2_attention"):  # GATv2 on the same shapes (x_r, att: fresh values)
+        x_r = torch.randn_like(x)
+        att = torch.randn(g.heads, g.channels, device=device, dtype=dtype)
+        v2_out, v2_lse = _ops.gatv2_attention(g.rowptr, g.col, x, x_r, None, att, 0.2, 0.0, None)
+        calls["gatv2_fwd"] = lambda: _ops.gatv2_attention(g.rowptr, g.col, x, x_r, None, att,
+                                                          0.2, 0.0, None)
+        calls["gatv2_bwd_inv"] = lambda: _ops.gatv2_attention_backward(
+            g.rowptr, g.col, colptr, row, perm, x, x_r, None, att, v2_out, v2_lse, grad, None,
             0.2, 0.0, None, None, perm_inv)
     spmm_inv = perm_inv is not None and _has_perm_inv(_ops.multihead_spmm_backward_csc)
     if spmm_inv:  # the spmm backward's grad_weight through perm_inv
