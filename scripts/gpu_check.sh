@@ -106,7 +106,7 @@ if has ncu; then
   step ncu
   NCU="$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)"
   timeout "${STEP_LIMIT_NCU:-200}" "$NCU" --clock-control none --profile-from-start off \
-    --kernel-name "regex:${NCU_KERNELS:-gather_kernel|gat_}" \
+    --kernel-name "regex:${NCU_KERNELS:-gather_kernel|gat_|attention_}" \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
     --section WarpStateStats --section LaunchStats --section SchedulerStats \
     --section ComputeWorkloadAnalysis --section InstructionStats \

@@ -26,10 +26,12 @@ def test_readme_block_runs(index):
 
 
 PUBLIC = [pyg_multihead_agg.multihead_spmm, pyg_multihead_agg.gat_attention,
+          pyg_multihead_agg.gatv2_attention,
           pyg_multihead_agg.prepare_adjacency, pyg_multihead_agg.check_csr,
           pyg_multihead_agg.check_csc, pyg_multihead_agg.csr_to_csc,
           pyg_multihead_agg.invert_perm, pyg_multihead_agg.graph.prepare,
-          pyg_multihead_agg.graph.set_index_check, pyg_multihead_agg.nn.GATConv]
+          pyg_multihead_agg.graph.set_index_check, pyg_multihead_agg.nn.GATConv,
+          pyg_multihead_agg.nn.GATv2Conv]
 
 
 @pytest.mark.parametrize("obj", PUBLIC, ids=lambda o: o.__qualname__)

@@ -38,7 +38,7 @@ HeadConfig head_config(int64_t D, bool aligned) {
   return c;
 }
 
-// The all-heads kernels (gat_forward_rows_kernel, gat_backward_rows_kernel)
+// The all-heads GAT kernels (attention_rows_kernel, attention_backward_rows_kernel)
 // apply when a head is a whole number of 16-byte vectors, S = D / V of them,
 // S a power of two of at most 32, and a row fits 4 vectors per lane:
 // H * S <= 128. Other shapes take the per-head kernels.

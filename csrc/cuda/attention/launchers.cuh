@@ -20,7 +20,7 @@
 
 namespace pyg_multihead_agg {
 
-// The forward with all heads of a row per group (gat_forward_rows_kernel),
+// The forward with all heads of a row per group (attention_rows_kernel<GatScore>),
 // for shapes row_config accepts (rc.ok).
 template <typename scalar_t, typename index_t>
 void launch_gat_forward_rows(AttentionParams<scalar_t, index_t> p, const RowConfig& rc,
@@ -33,7 +33,7 @@ void launch_gat_forward_heads(AttentionParams<scalar_t, index_t> p, const HeadCo
                               const at::TensorOptions& options);
 
 // The backward's pass over the CSC with all heads of a column per group
-// (gat_aux_kernel, gat_backward_rows_kernel, the slices' sums): grad_x,
+// (gat_aux_kernel, attention_backward_rows_kernel<GatScore>, the slices' sums): grad_x,
 // grad_s_src and grad_z. `out` is the forward's output.
 template <typename scalar_t, typename index_t>
 void launch_gat_backward_rows(AttentionParams<scalar_t, index_t> p, const scalar_t* out,

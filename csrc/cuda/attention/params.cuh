@@ -70,7 +70,7 @@ constexpr int forward_min_blocks() {
 // All-heads kernels (the fast path)
 // ---------------------------------------------------------------------------
 
-// gat_forward_rows_kernel: 2 blocks (128 registers), 1 with four vectors per
+// attention_rows_kernel: 2 blocks (128 registers), 1 with four vectors per
 // lane. Transposed variants: float32 at 3 blocks (80 registers); 2-byte types
 // at 2 (128 registers, no spill), as at 3 the bf16 kernel spilled in its step
 // loop (80 registers, 19 LDL per step), and 2 measured 0 / -5 / +1.7% on
@@ -85,7 +85,7 @@ constexpr int forward_rows_min_blocks() {
   return sizeof(scalar_t) == 2 ? kForwardTransposedMinBlocksHalf : kForwardTransposedMinBlocks;
 }
 
-// gat_backward_rows_kernel: blocks of 128 threads. The kernel has no
+// attention_backward_rows_kernel: blocks of 128 threads. The kernel has no
 // block-wide step (slices replace block-wide long rows), so registers, not the
 // block size, set the warps per multiprocessor: float32 rows of one vector per
 // lane fit 96 registers, 5 blocks = 20 warps instead of 2 x 8 with 256 threads
