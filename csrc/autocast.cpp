@@ -1,4 +1,4 @@
-// Autocast kernels for multihead_spmm, gat_attention and gatv2_attention. Under
+// Autocast kernels for multihead_spmm and the attention operators. Under
 // torch.autocast the layer's x comes from a Linear (low precision) while the
 // attention weights come from a float32 softmax; without these kernels the op
 // would get mixed dtypes and raise. All floating inputs are cast to the autocast dtype (the
@@ -118,6 +118,42 @@ std::tuple<at::Tensor, at::Tensor> gatv2_attention_autocast(
                               cast_opt(bias), perm_inv);
 }
 
+// transformer_attention: query, key, value, edge features and bias in the
+// autocast dtype.
+std::tuple<at::Tensor, at::Tensor> transformer_attention_call(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& query,
+    const at::Tensor& key, const at::Tensor& value, const opt_tensor& e_feat, double scale,
+    double dropout_p, const opt_tensor& philox, const opt_tensor& colptr, const opt_tensor& row,
+    const opt_tensor& perm, const opt_tensor& bias, const opt_tensor& perm_inv) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("pyg_multihead_agg::transformer_attention", "")
+          .typed<std::tuple<at::Tensor, at::Tensor>(
+              const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+              const at::Tensor&, const opt_tensor&, double, double, const opt_tensor&,
+              const opt_tensor&, const opt_tensor&, const opt_tensor&, const opt_tensor&,
+              const opt_tensor&)>();
+  return op.call(rowptr, col, query, key, value, e_feat, scale, dropout_p, philox, colptr, row,
+                 perm, bias, perm_inv);
+}
+
+template <c10::DispatchKey autocast_key, c10::DeviceType device_type>
+std::tuple<at::Tensor, at::Tensor> transformer_attention_autocast(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& query,
+    const at::Tensor& key, const at::Tensor& value, const opt_tensor& e_feat, double scale,
+    double dropout_p, const opt_tensor& philox, const opt_tensor& colptr, const opt_tensor& row,
+    const opt_tensor& perm, const opt_tensor& bias, const opt_tensor& perm_inv) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(autocast_key);
+  const auto dtype = at::autocast::get_autocast_dtype(device_type);
+  auto cast = [&](const at::Tensor& t) { return at::autocast::cached_cast(dtype, t, device_type); };
+  auto cast_opt = [&](const opt_tensor& t) -> opt_tensor {
+    return t.has_value() && t->defined() ? opt_tensor(cast(*t)) : t;
+  };
+  return transformer_attention_call(rowptr, col, cast(query), cast(key), cast(value),
+                                    cast_opt(e_feat), scale, dropout_p, philox, colptr, row, perm,
+                                    cast_opt(bias), perm_inv);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(pyg_multihead_agg, AutocastCPU, m) {
@@ -127,6 +163,8 @@ TORCH_LIBRARY_IMPL(pyg_multihead_agg, AutocastCPU, m) {
          &gat_attention_autocast<c10::DispatchKey::AutocastCPU, c10::DeviceType::CPU>);
   m.impl("gatv2_attention",
          &gatv2_attention_autocast<c10::DispatchKey::AutocastCPU, c10::DeviceType::CPU>);
+  m.impl("transformer_attention",
+         &transformer_attention_autocast<c10::DispatchKey::AutocastCPU, c10::DeviceType::CPU>);
 }
 
 TORCH_LIBRARY_IMPL(pyg_multihead_agg, AutocastCUDA, m) {
@@ -136,6 +174,8 @@ TORCH_LIBRARY_IMPL(pyg_multihead_agg, AutocastCUDA, m) {
          &gat_attention_autocast<c10::DispatchKey::AutocastCUDA, c10::DeviceType::CUDA>);
   m.impl("gatv2_attention",
          &gatv2_attention_autocast<c10::DispatchKey::AutocastCUDA, c10::DeviceType::CUDA>);
+  m.impl("transformer_attention",
+         &transformer_attention_autocast<c10::DispatchKey::AutocastCUDA, c10::DeviceType::CUDA>);
 }
 
 }  // namespace pyg_multihead_agg

@@ -326,4 +326,59 @@ inline GatShape check_gatv2_attention_backward(
   return s;
 }
 
+// transformer_attention: query [N_dst, H, D], key and value [N_src, H, D],
+// e_feat [E, H, D]; returns (N_dst, N_src, E, H, D).
+inline GatShape check_transformer_attention(const at::Tensor& rowptr, const at::Tensor& col,
+                                            const at::Tensor& query, const at::Tensor& key,
+                                            const at::Tensor& value,
+                                            const std::optional<at::Tensor>& e_feat,
+                                            double dropout_p,
+                                            const std::optional<at::Tensor>& philox,
+                                            const std::optional<at::Tensor>& bias) {
+  GatShape s;
+  s.N_dst = check_compressed(rowptr, "rowptr", col, "col");
+  check_value(query, "query", 3);
+  check_value(key, "key", 3);
+  check_value(value, "value", 3);
+  check_same_dtype(query, "query", key, "key");
+  check_same_dtype(value, "value", key, "key");
+  check_same_device(rowptr, "rowptr", key, "key");
+  check_same_device(query, "query", key, "key");
+  check_same_device(value, "value", key, "key");
+  s.N_src = key.size(0);
+  s.H = key.size(1);
+  s.D = key.size(2);
+  s.E = col.numel();
+  TORCH_CHECK(value.sizes() == key.sizes(), "value must have the shape of key [", s.N_src, ", ",
+              s.H, ", ", s.D, "], got ", value.sizes());
+  TORCH_CHECK(query.size(0) == s.N_dst && query.size(1) == s.H && query.size(2) == s.D,
+              "query must have shape [", s.N_dst, ", ", s.H, ", ", s.D,
+              "] (rowptr.numel() - 1, heads, channels of key), got ", query.sizes());
+  if (e_feat.has_value() && e_feat->defined()) {
+    check_value(*e_feat, "e_feat", 3);
+    check_same_dtype(*e_feat, "e_feat", key, "key");
+    check_same_device(*e_feat, "e_feat", key, "key");
+    TORCH_CHECK(e_feat->size(0) == s.E && e_feat->size(1) == s.H && e_feat->size(2) == s.D,
+                "e_feat must have shape [", s.E, ", ", s.H, ", ", s.D,
+                "] (col.numel(), heads, channels), got ", e_feat->sizes());
+  }
+  check_philox(philox, dropout_p);
+  check_gat_bias(bias, key, s.H, s.D);
+  return s;
+}
+
+inline GatShape check_transformer_attention_backward(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
+    const at::Tensor& row, const at::Tensor& perm, const at::Tensor& query, const at::Tensor& key,
+    const at::Tensor& value, const std::optional<at::Tensor>& e_feat, const at::Tensor& out,
+    const at::Tensor& lse, const at::Tensor& grad_out, const std::optional<at::Tensor>& grad_lse,
+    double dropout_p, const std::optional<at::Tensor>& philox,
+    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& perm_inv) {
+  const GatShape s = check_transformer_attention(rowptr, col, query, key, value, e_feat,
+                                                 dropout_p, philox, bias);
+  check_attention_backward_extra(s, rowptr, colptr, row, perm, key, "key", out, lse, grad_out,
+                                 grad_lse, perm_inv);
+  return s;
+}
+
 }  // namespace pyg_multihead_agg

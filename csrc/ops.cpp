@@ -108,6 +108,31 @@ TORCH_LIBRARY(pyg_multihead_agg, m) {
       "Tensor? philox, Tensor? bias=None, Tensor? perm_inv=None) -> "
       "(Tensor, Tensor, Tensor, Tensor)");
 
+  // Fused graph-transformer attention (docs/gat_attention.md, transformer).
+  // For destination i, head h and the edges e of row i (j = col[e]):
+  //   l[e, h]     = scale * <query[i, h], key[j, h] (+ e_feat[e, h])>
+  //   alpha[e, h] = exp(l[e, h] - lse[i, h])
+  //   out[i, h]   = sum_e alpha[e, h] * keep(e, h) / (1 - dropout_p) *
+  //                 (value[j, h] (+ e_feat[e, h]))  (+ bias[h])
+  // with lse, keep, the CSC inputs, bias and perm_inv as for gat_attention.
+  // query [N_dst, H, C], key and value [N_src, H, C], e_feat [E, H, C] in
+  // CSR edge order.
+  m.def(
+      "transformer_attention(Tensor rowptr, Tensor col, Tensor query, Tensor key, Tensor value, "
+      "Tensor? e_feat, float scale, float dropout_p, Tensor? philox, Tensor? colptr=None, "
+      "Tensor? row=None, Tensor? perm=None, Tensor? bias=None, Tensor? perm_inv=None) -> "
+      "(Tensor, Tensor)");
+  // Its backward from the CSC, with the attention recomputed from lse.
+  // Returns (grad_query, grad_key, grad_value, grad_e_feat); grad_e_feat is
+  // empty [0, H, C] without e_feat. out, grad_lse, bias and perm_inv as in
+  // gat_attention_backward.
+  m.def(
+      "transformer_attention_backward(Tensor rowptr, Tensor col, Tensor colptr, Tensor row, "
+      "Tensor perm, Tensor query, Tensor key, Tensor value, Tensor? e_feat, Tensor out, "
+      "Tensor lse, Tensor grad_out, Tensor? grad_lse, float scale, float dropout_p, "
+      "Tensor? philox, Tensor? bias=None, Tensor? perm_inv=None) -> "
+      "(Tensor, Tensor, Tensor, Tensor)");
+
   // Private test hook: forces the CUDA kernel path `name` (value -1: back to
   // the launch heuristic) and returns the value it replaces; see
   // csrc/path_overrides.h and pyg_multihead_agg/_testing.py.

@@ -475,7 +475,7 @@ def _check_gatv2(rowptr, col, x_l, x_r, e_feat, att, dropout_p, philox, bias=Non
     _check_same(x_r, "x_r", x_l, "x_l")
     _check_same(att, "att", x_l, "x_l")
     _check_same(rowptr, "rowptr", x_l, "x_l", dtype=False)
-    num_dst, (num_src, heads, channels) = rowptr.size(0) - 1, x_l.shape
+    num_dst, (heads, channels) = rowptr.size(0) - 1, x_l.shape[1:]
     torch._check(x_r.size(0) == num_dst and x_r.size(1) == heads and x_r.size(2) == channels,
                  lambda: f"x_r must have shape [{num_dst}, {heads}, {channels}] "
                  "(rowptr.numel() - 1, heads, channels)")
@@ -564,5 +564,176 @@ def _gatv2_backward(ctx, grad_out, grad_lse):
 torch.library.register_autograd("pyg_multihead_agg::gatv2_attention", _gatv2_backward,
                                 setup_context=_gatv2_setup_context)
 torch.library.register_autograd("pyg_multihead_agg::gatv2_attention_backward",
+                                _no_double_backward,
+                                setup_context=_no_double_backward_context)
+
+
+# ---------------------------------------------------------------------------
+# Fused graph-transformer attention (docs/gat_attention.md, transformer)
+# ---------------------------------------------------------------------------
+
+def transformer_attention(rowptr: Tensor, col: Tensor, query: Tensor, key: Tensor,
+                          value: Tensor, *, e_feat: Optional[Tensor] = None,
+                          scale: Optional[float] = None, dropout: float = 0.0,
+                          philox: Optional[Tensor] = None,
+                          generator: Optional[torch.Generator] = None,
+                          csc: Optional[CSC] = None, validate: bool = False,
+                          bias: Optional[Tensor] = None,
+                          perm_inv: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    r"""Fused graph-transformer attention (TransformerConv's): the scaled
+    dot-product scores, edge softmax, attention dropout and aggregation in
+    one pass over a CSR graph, without materialising the :obj:`E x H x C`
+    keys, values or messages or the :obj:`E x H` attention matrix:
+
+    .. math::
+        \alpha_{e,h} = \mathrm{softmax}_{e \in \mathrm{row}\ i}\big(
+        s \, \langle \mathbf{q}_{i,h}, \mathbf{k}_{j,h} + \mathbf{e}_{e,h} \rangle \big),
+        \qquad
+        \mathbf{out}_{i,h} = \sum_{e} \alpha_{e,h} \, m_{e,h} \,
+        (\mathbf{v}_{j,h} + \mathbf{e}_{e,h})
+
+    with :obj:`j = col[e]`, :math:`s` = :obj:`scale` (default
+    :math:`1 / \sqrt{C}`) and the dropout mask :math:`m` of
+    :func:`gat_attention`; plus :obj:`bias[h]` when given.
+
+    Args:
+        rowptr, col (torch.Tensor): the CSR over destinations (int32/int64).
+        query (torch.Tensor): :obj:`[N_dst, H, C]`; float16, bfloat16,
+            float32 or float64.
+        key, value (torch.Tensor): :obj:`[N_src, H, C]` each.
+        e_feat (torch.Tensor, optional): :obj:`[E, H, C]` projected edge
+            features in CSR order, added to the keys and the values.
+        scale (float, optional): the scores' factor (default
+            :obj:`1 / sqrt(C)`).
+        dropout, philox, generator, csc, validate, bias, perm_inv: as for
+            :func:`gat_attention`.
+
+    Returns:
+        :obj:`(out [N_dst, H, C], lse [N_dst, H])`, with the conventions of
+        :func:`gat_attention`. Differentiable in :obj:`query`, :obj:`key`,
+        :obj:`value`, :obj:`e_feat` and :obj:`bias` (and :obj:`lse`).
+
+    Example:
+        >>> import torch, pyg_multihead_agg as pma
+        >>> rowptr, col = torch.tensor([0, 2, 3]), torch.tensor([0, 1, 1])
+        >>> q, k, v = torch.randn(2, 4, 8), torch.randn(2, 4, 8), torch.randn(2, 4, 8)
+        >>> out, lse = pma.transformer_attention(rowptr, col, q, k, v)
+        >>> out.shape, lse.shape
+        (torch.Size([2, 4, 8]), torch.Size([2, 4]))
+        >>> torch.allclose(out[1], v[1])  # a row with one edge: its weight is 1
+        True
+    """
+    if validate:
+        check_csr(rowptr, col, key.size(0))
+        if csc is not None:
+            check_csc(csc, rowptr, col, key.size(0))
+            if perm_inv is not None:
+                check_perm_inv(perm_inv, csc[2])
+    if scale is None:
+        scale = key.size(-1) ** -0.5 if key.size(-1) > 0 else 1.0
+    if dropout > 0 and philox is None:
+        philox = _new_philox(generator)
+    colptr, row, perm = (None, None, None) if csc is None else csc
+    if csc is None:
+        perm_inv = None
+    return _ops.transformer_attention(rowptr, col, query, key, value, e_feat, float(scale),
+                                      float(dropout), philox, colptr, row, perm, bias, perm_inv)
+
+
+def _check_transformer(rowptr, col, query, key, value, e_feat, dropout_p, philox, bias=None):
+    _check_compressed(rowptr, "rowptr", col, "col")
+    for t, name in ((query, "query"), (key, "key"), (value, "value")):
+        _check_value(t, name, 3)
+    _check_same(query, "query", key, "key")
+    _check_same(value, "value", key, "key")
+    _check_same(rowptr, "rowptr", key, "key", dtype=False)
+    num_dst, (num_src, heads, channels) = rowptr.size(0) - 1, key.shape
+    torch._check(value.shape == key.shape,
+                 lambda: f"value must have the shape of key [{num_src}, {heads}, {channels}]")
+    torch._check(query.size(0) == num_dst and query.size(1) == heads
+                 and query.size(2) == channels,
+                 lambda: f"query must have shape [{num_dst}, {heads}, {channels}] "
+                 "(rowptr.numel() - 1, heads, channels of key)")
+    if e_feat is not None:
+        _check_value(e_feat, "e_feat", 3)
+        _check_same(e_feat, "e_feat", key, "key")
+        torch._check(e_feat.size(0) == col.size(0) and e_feat.size(1) == heads
+                     and e_feat.size(2) == channels,
+                     lambda: f"e_feat must have shape [{col.size(0)}, {heads}, {channels}] "
+                     "(col.numel(), heads, channels)")
+    torch._check(0.0 <= dropout_p <= 1.0, lambda: f"dropout_p must lie in [0, 1], got {dropout_p}")
+    if dropout_p > 0:
+        torch._check(philox is not None, lambda: "philox (an int64 tensor [seed, offset]) is "
+                     "required when dropout_p > 0")
+    if bias is not None:
+        _check_value(bias, "bias", 2)
+        _check_same(bias, "bias", key, "key")
+        torch._check(bias.size(0) == heads and bias.size(1) == channels,
+                     lambda: f"bias must have shape [{heads}, {channels}] (heads, channels), got "
+                     f"{list(bias.shape)}")
+
+
+@torch.library.register_fake("pyg_multihead_agg::transformer_attention")
+def _(rowptr, col, query, key, value, e_feat, scale, dropout_p, philox, colptr=None, row=None,
+      perm=None, bias=None, perm_inv=None):
+    _check_transformer(rowptr, col, query, key, value, e_feat, dropout_p, philox, bias)
+    num_dst = rowptr.size(0) - 1
+    out = key.new_empty(num_dst, key.size(1), key.size(2))
+    lse = key.new_empty(num_dst, key.size(1), dtype=_lse_dtype(key))
+    return out, lse
+
+
+@torch.library.register_fake("pyg_multihead_agg::transformer_attention_backward")
+def _(rowptr, col, colptr, row, perm, query, key, value, e_feat, out, lse, grad_out, grad_lse,
+      scale, dropout_p, philox, bias=None, perm_inv=None):
+    _check_transformer(rowptr, col, query, key, value, e_feat, dropout_p, philox, bias)
+    _check_compressed(colptr, "colptr", row, "row")
+    _check_index(perm, "perm")
+    _check_perm_inv(perm_inv, perm, col.size(0))
+    torch._check(grad_out.shape == out.shape, lambda: "grad_out must have the shape of out")
+    num_edges = col.size(0) if e_feat is not None else 0
+    return (torch.empty_like(query), torch.empty_like(key), torch.empty_like(value),
+            key.new_empty(num_edges, key.size(1), key.size(2)))
+
+
+def _transformer_setup_context(ctx, inputs, output):
+    (rowptr, col, query, key, value, e_feat, scale, dropout_p, philox, colptr, row, perm, bias,
+     perm_inv) = inputs
+    out, lse = output
+    ctx.scale, ctx.dropout_p = scale, dropout_p
+    ctx.num_src = key.size(0)
+    ctx.has_edge, ctx.has_bias = e_feat is not None, bias is not None
+    # out is the biased output, the one [N_dst, H, C] tensor kept.
+    ctx.save_for_backward(rowptr, col, query, key, value, e_feat, philox, colptr, row, perm, out,
+                          lse, bias, perm_inv)
+
+
+def _transformer_backward(ctx, grad_out, grad_lse):
+    (rowptr, col, query, key, value, e_feat, philox, colptr, row, perm, out, lse, bias,
+     perm_inv) = ctx.saved_tensors
+    needs = ctx.needs_input_grad
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    grads = [None] * 14
+    if ctx.has_bias and needs[12]:
+        acc = torch.promote_types(grad_out.dtype, torch.float32)
+        grads[12] = grad_out.sum(0, dtype=acc).to(bias.dtype)
+    if not any(needs[2:6]):
+        return tuple(grads)
+    if colptr is None:
+        colptr, row, perm = csr_to_csc(rowptr, col, ctx.num_src)
+        perm_inv = None  # only with the caller's CSC
+    gq, gk, gv, gef = _ops.transformer_attention_backward(
+        rowptr, col, colptr, row, perm, query, key, value, e_feat, out, lse,
+        grad_out.contiguous(), grad_lse, ctx.scale, ctx.dropout_p, philox, bias, perm_inv)
+    grads[2], grads[3], grads[4] = gq, gk, gv
+    if ctx.has_edge:
+        grads[5] = gef
+    return tuple(grads)
+
+
+torch.library.register_autograd("pyg_multihead_agg::transformer_attention", _transformer_backward,
+                                setup_context=_transformer_setup_context)
+torch.library.register_autograd("pyg_multihead_agg::transformer_attention_backward",
                                 _no_double_backward,
                                 setup_context=_no_double_backward_context)

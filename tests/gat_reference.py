@@ -4,10 +4,11 @@
   vectorised over int64 tensors that hold uint32 values (every result is masked
   with ``& 0xFFFFFFFF``), so the tests can check the kernels' dropout masks bit
   for bit.
-* ``reference_gat_attention`` / ``reference_gatv2_attention``: the float64
-  forwards from differentiable torch ops, so that ``torch.autograd`` gives
-  reference gradients (including the gradient through ``lse`` and that of the
-  optional bias).
+* ``reference_gat_attention`` / ``reference_gatv2_attention`` /
+  ``reference_transformer_attention``: the float64 forwards from
+  differentiable torch ops, so that ``torch.autograd`` gives reference
+  gradients (including the gradient through ``lse`` and that of the optional
+  bias).
 """
 from typing import Optional, Tuple
 
@@ -134,6 +135,26 @@ def reference_gatv2_attention(rowptr: Tensor, col: Tensor, x_l: Tensor, x_r: Ten
     return _softmax_aggregate(rowptr, col, logits, x_l, dropout, philox, bias)
 
 
+def reference_transformer_attention(rowptr: Tensor, col: Tensor, query: Tensor, key: Tensor,
+                                    value: Tensor, e_feat: Optional[Tensor] = None,
+                                    scale: Optional[float] = None, dropout: float = 0.0,
+                                    philox: Optional[Tensor] = None,
+                                    bias: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """float64 CPU (out [N_dst, H, C], lse [N_dst, H]) of the fused
+    graph-transformer attention: logits scale * <query[i], key[j] (+ e_feat[e])>
+    (scale 1 / sqrt(C) by default), then the softmax and dropout of
+    ``reference_gat_attention``, aggregating value[j] (+ e_feat[e])."""
+    query, key, value = _f64(query), _f64(key), _f64(value)
+    rows, col = edge_rows(rowptr), col.long().cpu()
+    if scale is None:
+        scale = key.size(-1) ** -0.5 if key.size(-1) > 0 else 1.0
+    k, v = key[col], value[col]
+    if e_feat is not None:
+        k, v = k + _f64(e_feat), v + _f64(e_feat)
+    logits = (query[rows] * k).sum(-1) * scale  # [E, H]
+    return _softmax_aggregate(rowptr, None, logits, v, dropout, philox, bias)
+
+
 def _f64(t: Tensor) -> Tensor:
     # float64 CPU tensors as given (so that gradients reach them), others converted.
     if t.dtype == torch.float64 and t.device.type == "cpu":
@@ -147,7 +168,7 @@ def _softmax_aggregate(rowptr: Tensor, col: Tensor, logits: Tensor, x: Tensor, d
     Rows without edges give out = 0 (+ bias) and lse = -inf (zero gradient)."""
     num_dst, heads = rowptr.numel() - 1, x.size(1)
     rows = edge_rows(rowptr)
-    num_edges = col.numel()
+    num_edges = rows.numel()
     # Row-wise logsumexp with the exact row maximum (a constant shift, so it
     # is detached). Empty rows: the maximum stays -inf; shift them by 0.
     index = rows.unsqueeze(1).expand(-1, heads)
@@ -167,8 +188,9 @@ def _softmax_aggregate(rowptr: Tensor, col: Tensor, logits: Tensor, x: Tensor, d
             raise ValueError("the reference attention: dropout > 0 needs philox")
         seed, offset = (int(v) for v in philox.tolist())
         alpha = alpha * dropout_scale(seed, offset, num_edges, heads, dropout)
+    per_edge = x if col is None else x[col]  # (col None: x holds one row per edge)
     out = torch.zeros(num_dst, heads, x.size(2), dtype=torch.float64).index_add(
-        0, rows, alpha.unsqueeze(-1) * x[col])
+        0, rows, alpha.unsqueeze(-1) * per_edge)
     if bias is not None:
         out = out + _f64(bias)
     return out, lse

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import DEVICES, FLOAT_DTYPES, INDEX_DTYPES, TOLERANCE, poison, random_csr, rel_error
 from gat_reference import reference_gatv2_attention
-from test_gat_attention import CASE_IDS, CASES, LSE_TOLERANCE, assert_lse_close, dtype_id, lse_dtype
+from test_gat_attention import CASE_IDS, CASES, assert_lse_close, dtype_id, lse_dtype
 from torch import Tensor
 
 import pyg_multihead_agg as pma
@@ -22,6 +22,7 @@ PHILOX = torch.tensor([0x5EED1234ABCD, 3], dtype=torch.int64)
 # Gradients of the scores take a difference (m * dot - delta) and pass
 # through the per-channel kink: twice the output tolerance, 4x in half types.
 SCORE_GRAD_FACTOR = {torch.float16: 4, torch.bfloat16: 4, torch.float32: 2, torch.float64: 2}
+_OP_ONLY = ("csc", "perm_inv")  # arguments of the op the reference does not take
 NAMES = ("x_l", "x_r", "att", "e_feat", "bias")
 
 
@@ -35,8 +36,8 @@ class Inputs(NamedTuple):
     bias: Optional[Tensor]
 
     def floats(self):
-        return {n: t for n, t in zip(NAMES, (self.x_l, self.x_r, self.att, self.e_feat, self.bias))
-                if t is not None}
+        values = (self.x_l, self.x_r, self.att, self.e_feat, self.bias)
+        return {n: t for n, t in zip(NAMES, values, strict=True) if t is not None}
 
 
 def make_inputs(case, dtype=torch.float32, index_dtype=torch.int64, device="cpu", seed=0,
@@ -82,7 +83,7 @@ def check_forward(inp, dtype, **kw):
     if refused_on_cuda(inp, dtype):
         return
     out, lse = run_op(inp, **kw)
-    ref_out, ref_lse = reference(inp, **{k: v for k, v in kw.items() if k not in ("csc", "perm_inv")})
+    ref_out, ref_lse = reference(inp, **{k: v for k, v in kw.items() if k not in _OP_ONLY})
     assert out.dtype == dtype and lse.dtype == lse_dtype(dtype)
     assert rel_error(out, ref_out) <= TOLERANCE[dtype]
     assert_lse_close(lse, ref_lse, dtype)
@@ -108,7 +109,7 @@ def check_backward(inp, dtype, through=("out", "lse"), **kw):
     got = torch.autograd.grad(outs, list(floats.values()), grads, allow_unused=True)
 
     leaves = {n: t.detach().cpu().double().requires_grad_() for n, t in floats.items()}
-    ref_out, ref_lse = reference(inp, leaves, **{k: v for k, v in kw.items() if k not in ("csc", "perm_inv")})
+    ref_out, ref_lse = reference(inp, leaves, **{k: v for k, v in kw.items() if k not in _OP_ONLY})
     ref_lse = torch.where(torch.isfinite(ref_lse), ref_lse, torch.zeros_like(ref_lse))
     r_outs, r_grads = [], []
     if "out" in through:

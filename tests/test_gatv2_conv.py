@@ -603,7 +603,8 @@ def test_out_of_range_edge_index_raises_index_error(bad, fused):
 def test_fused_head_supported():
     assert fused_head_supported(4, 128, torch.float32)
     assert not fused_head_supported(1, 129, torch.float32)
-    assert fused_head_supported(4, 256, torch.bfloat16) and fused_head_supported(4, 256, torch.float16)
+    assert fused_head_supported(4, 256, torch.bfloat16)
+    assert fused_head_supported(4, 256, torch.float16)
     assert not fused_head_supported(1, 257, torch.float16)
     assert fused_head_supported(4, 64, torch.float64)
     assert not fused_head_supported(1, 65, torch.float64)

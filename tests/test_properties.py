@@ -364,3 +364,52 @@ def test_gatv2_attention(device, p, with_edge, dropout, mode):
         if name == "att":
             tol *= 4
         assert err <= tol, f"grad {name}: relative error {err:.3g} > {tol:.3g} for {p}"
+
+
+# ---------------------------------------------------------------------------
+# The fused graph-transformer attention op (CPU kernels)
+# ---------------------------------------------------------------------------
+
+@given(p=problems(), with_edge=st.booleans(), dropout=st.sampled_from([0.0, 0.4]),
+       mode=st.sampled_from(["csc", "no_csc"]))
+def test_transformer_attention(p, with_edge, dropout, mode):
+    """out and lse of the fused graph-transformer attention, and the gradients
+    of query, key, value and e_feat, against the float64 reference."""
+    from gat_reference import reference_transformer_attention
+
+    rowptr, col = csr_of(p, "cpu")
+    num_edges, H, C = col.numel(), p.heads, p.channels
+    _, value, grad_out, gen = values(p, num_edges, "cpu")
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(p.dtype).requires_grad_()
+
+    value = value.requires_grad_()
+    query, key = rand(p.num_dst, H, C), rand(p.num_src, H, C)
+    e_feat = rand(num_edges, H, C) if with_edge else None
+    philox = torch.tensor([p.seed, 7], dtype=torch.int64) if dropout else None
+    csc = shuffled_csc(rowptr, col, p.num_src, gen) if mode == "csc" else None
+    out, lse = pma.transformer_attention(rowptr, col, query, key, value, e_feat=e_feat,
+                                         dropout=dropout, philox=philox, csc=csc)
+    leaves = [t.detach().double().requires_grad_() for t in (query, key, value)]
+    leaves.append(e_feat.detach().double().requires_grad_() if with_edge else None)
+    ref_out, ref_lse = reference_transformer_attention(rowptr, col, *leaves[:3], leaves[3],
+                                                       dropout=dropout, philox=philox)
+    assert_matches(out, ref_out, p, "transformer_attention out")
+    assert_lse_close(lse, ref_lse, p.dtype)
+    inputs = [t for t in (query, key, value, e_feat) if t is not None]
+    grads = torch.autograd.grad(out, inputs, grad_out)
+    ref = torch.autograd.grad(ref_out, [t for t in leaves if t is not None],
+                              grad_out.detach().double())
+    # The logit gradients cancel (alpha * (m * dot - delta)): measured against
+    # the scale of |g| * |value| per edge.
+    vs = value.detach().double()
+    scale = float(grad_out.detach().double().norm()
+                  * (vs.norm(dim=-1).max() if vs.numel() else 0.0) / (1.0 - dropout))
+    for g, r, name in zip(grads, ref, ["query", "key", "value", "e_feat"], strict=False):
+        assert g.dtype == p.dtype, (name, g.dtype)
+        rel_error(g, r)  # shape and finiteness
+        err = float((g.detach().double() - r).norm()
+                    / max(float(r.norm()), scale if name != "value" else 0.0, 1e-30))
+        tol = (4 if name != "value" else 2) * TOLERANCE[p.dtype]
+        assert err <= tol, f"grad {name}: relative error {err:.3g} > {tol:.3g} for {p}"

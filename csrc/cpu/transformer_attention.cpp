@@ -1,0 +1,322 @@
+// CPU kernels of the fused graph-transformer attention (docs/gat_attention.md,
+// transformer_attention): TransformerConv's scaled dot-product score.
+//
+// Forward: destination rows in parallel (split by work, loops.h); per row one
+// pass over its edges with an online softmax, all heads of an edge together:
+// the logit scale * <query[i], key[j] (+ e_feat[e])> and the aggregation of
+// value[j] (+ e_feat[e]), rescaled when a head's maximum grows, normalised at
+// the end, the optional bias added before the one rounding to the output
+// dtype. float32 accumulation for half types.
+//
+// Backward, recomputed from lse with the dropout mask regenerated from
+// Philox: delta per destination; sources in parallel over the CSC give
+// grad_key and grad_value (and grad_e_feat and each edge's logit gradient,
+// an E x H buffer); destinations in parallel over the CSR then give
+// grad_query. Every sum has a fixed order and no atomics are needed. Every
+// index is bounds-checked.
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "../checks.h"
+#include "attention.h"
+#include "graph_checks.h"
+#include "loops.h"
+
+namespace pyg_multihead_agg {
+namespace {
+
+// sum_c q[c] * (k[c] (+ e[c])) in acc_t, q already in acc_t.
+template <typename acc_t, typename scalar_t, typename W>
+CPU_KERNEL_INLINE acc_t key_dot(const acc_t* __restrict q, const scalar_t* __restrict k,
+                                const scalar_t* __restrict e, W n) {
+  acc_t s = 0;
+  for (int64_t c = 0; c < n; ++c) {
+    acc_t kc = static_cast<acc_t>(k[c]);
+    if (e != nullptr) kc += static_cast<acc_t>(e[c]);
+    s += q[c] * kc;
+  }
+  return s;
+}
+
+std::tuple<at::Tensor, at::Tensor> transformer_attention_cpu(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& query,
+    const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& e_feat,
+    double scale, double dropout_p, const std::optional<at::Tensor>& philox,
+    const std::optional<at::Tensor>& /*colptr*/, const std::optional<at::Tensor>& /*row*/,
+    const std::optional<at::Tensor>& /*perm*/, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& /*perm_inv*/) {
+  const GatShape s = check_transformer_attention(rowptr, col, query, key, value, e_feat,
+                                                 dropout_p, philox, bias);
+  TORCH_CHECK(key.device().is_cpu(), "key must be a CPU tensor for the CPU kernel");
+  const int64_t N_dst = s.N_dst, N_src = s.N_src, E = s.E, H = s.H, D = s.D, HD = H * D;
+  const bool has_edge = e_feat.has_value() && e_feat->defined();
+  const bool has_bias = bias.has_value() && bias->defined();
+  const auto rowptr_c = rowptr.contiguous(), col_c = col.contiguous();
+  const auto q_c = query.contiguous(), k_c = key.contiguous(), v_c = value.contiguous();
+  const auto ef_c = has_edge ? e_feat->contiguous() : at::Tensor();
+  const cpu::Dropout dropout = cpu::make_dropout(dropout_p, philox);
+
+  auto out = at::empty({N_dst, H, D}, key.options());
+  auto lse = at::empty({N_dst, H}, key.options().dtype(at::toOpMathType(key.scalar_type())));
+
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, key.scalar_type(), "transformer_attention_cpu", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "transformer_attention_cpu_index", [&] {
+      const index_t* rp = rowptr_c.data_ptr<index_t>();
+      const index_t* cp = col_c.data_ptr<index_t>();
+      const scalar_t* qp = q_c.data_ptr<scalar_t>();
+      const scalar_t* kp = k_c.data_ptr<scalar_t>();
+      const scalar_t* vp = v_c.data_ptr<scalar_t>();
+      const scalar_t* efp = has_edge ? ef_c.data_ptr<scalar_t>() : nullptr;
+      std::vector<acc_t> bias_acc(HD, acc_t(0));
+      if (has_bias) {
+        const auto b = bias->contiguous();
+        for (int64_t f = 0; f < HD; ++f) bias_acc[f] = static_cast<acc_t>(b.data_ptr<scalar_t>()[f]);
+      }
+      const acc_t* ba = bias_acc.data();
+      scalar_t* op = out.data_ptr<scalar_t>();
+      acc_t* lp = lse.data_ptr<acc_t>();
+      const acc_t sc = static_cast<acc_t>(scale);
+      const acc_t keep_scale = static_cast<acc_t>(dropout.keep_scale);
+      const DropoutRng rng = dropout.rng;
+      const bool has_dropout = dropout_p > 0.0;
+      constexpr acc_t kInf = std::numeric_limits<acc_t>::infinity();
+      cpu::check_ends(rp, N_dst, E, "rowptr", "col");
+
+      cpu::with_width(D, [&](auto width) {
+        cpu::parallel_rows(rp, N_dst, [&](int64_t begin, int64_t end) CPU_KERNEL_INLINE_LAMBDA {
+          std::vector<acc_t> acc(HD), mx(H), sum(H), q(HD);
+          for (int64_t i = begin; i < end; ++i) {
+            const index_t lo = rp[i], hi = rp[i + 1];
+            cpu::check_range(lo, hi, E, "rowptr", i);
+            scalar_t* o = op + i * HD;
+            acc_t* l_out = lp + i * H;
+            if (lo == hi) {  // no edges: out = 0 (+ bias), lse = -inf
+              for (int64_t f = 0; f < HD; ++f) o[f] = static_cast<scalar_t>(ba[f]);
+              std::fill(l_out, l_out + H, -kInf);
+              continue;
+            }
+            for (int64_t f = 0; f < HD; ++f) q[f] = static_cast<acc_t>(qp[i * HD + f]);
+            std::fill(mx.begin(), mx.end(), -kInf);
+            std::fill(sum.begin(), sum.end(), acc_t(0));
+            std::fill(acc.begin(), acc.end(), acc_t(0));
+            for (int64_t e = lo; e < hi; ++e) {
+              const index_t j = cp[e];
+              cpu::check_index_value(j, N_src, "col", e);
+              cpu::prefetch_source(kp, cp, e, E, N_src, HD);
+              cpu::prefetch_source(vp, cp, e, E, N_src, HD);
+              const scalar_t* kj = kp + static_cast<int64_t>(j) * HD;
+              const scalar_t* vj = vp + static_cast<int64_t>(j) * HD;
+              const scalar_t* ee = efp != nullptr ? efp + e * HD : nullptr;
+              unsigned kept = 0xFu;  // dropout bits of heads h .. h + 3 (one Philox call)
+              for (int64_t h = 0; h < H; ++h) {
+                const int64_t f = h * width;
+                const acc_t l = sc * key_dot(q.data() + f, kj + f,
+                                             ee != nullptr ? ee + f : nullptr, width);
+                if (l > mx[h]) {  // rescale the state to the new maximum
+                  const acc_t c = mx[h] == -kInf ? acc_t(0) : std::exp(mx[h] - l);
+                  sum[h] *= c;
+                  for (int64_t d = 0; d < width; ++d) acc[f + d] *= c;
+                  mx[h] = l;
+                }
+                const acc_t w = l == -kInf ? acc_t(0) : std::exp(l - mx[h]);
+                sum[h] += w;
+                if (has_dropout && (h & 3) == 0) kept = rng.keep4(e, h >> 2);
+                if ((kept >> (h & 3)) & 1u) {
+                  const acc_t wm = w * keep_scale;
+                  cpu::axpy(acc.data() + f, wm, vj + f, int64_t(width));
+                  if (ee != nullptr) cpu::axpy(acc.data() + f, wm, ee + f, int64_t(width));
+                }
+              }
+            }
+            for (int64_t h = 0; h < H; ++h) {
+              l_out[h] = sum[h] == acc_t(0) ? std::numeric_limits<acc_t>::quiet_NaN()
+                                            : mx[h] + std::log(sum[h]);
+              cpu::store_row(o + h * width, acc.data() + h * width, acc_t(1) / sum[h],
+                             ba + h * width, int64_t(width));
+            }
+          }
+        });
+      });
+    });
+  });
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> transformer_attention_backward_cpu(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
+    const at::Tensor& row, const at::Tensor& perm, const at::Tensor& query,
+    const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& e_feat,
+    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out,
+    const std::optional<at::Tensor>& grad_lse, double scale, double dropout_p,
+    const std::optional<at::Tensor>& philox, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& perm_inv) {
+  // perm_inv is only checked: this kernel keeps the logit gradients by edge id.
+  const GatShape s = check_transformer_attention_backward(
+      rowptr, col, colptr, row, perm, query, key, value, e_feat, out, lse, grad_out, grad_lse,
+      dropout_p, philox, bias, perm_inv);
+  TORCH_CHECK(key.device().is_cpu(), "key must be a CPU tensor for the CPU kernel");
+  const int64_t N_dst = s.N_dst, N_src = s.N_src, E = s.E, H = s.H, D = s.D, HD = H * D;
+  const bool has_edge = e_feat.has_value() && e_feat->defined();
+  const bool has_grad_lse = grad_lse.has_value() && grad_lse->defined();
+  const bool has_bias = bias.has_value() && bias->defined();
+  const auto bias_c = has_bias ? bias->contiguous() : at::Tensor();
+  const auto rowptr_c = rowptr.contiguous(), col_c = col.contiguous();
+  const auto colptr_c = colptr.contiguous(), row_c = row.contiguous(), perm_c = perm.contiguous();
+  const auto q_c = query.contiguous(), k_c = key.contiguous(), v_c = value.contiguous();
+  const auto ef_c = has_edge ? e_feat->contiguous() : at::Tensor();
+  const auto out_c = out.contiguous(), lse_c = lse.contiguous(), go = grad_out.contiguous();
+  const auto glse_c = has_grad_lse ? grad_lse->contiguous() : at::Tensor();
+  const cpu::Dropout dropout = cpu::make_dropout(dropout_p, philox);
+
+  const auto acc_options = key.options().dtype(at::toOpMathType(key.scalar_type()));
+  auto grad_q = at::empty({N_dst, H, D}, key.options());
+  auto grad_k = at::empty({N_src, H, D}, key.options());
+  auto grad_v = at::empty({N_src, H, D}, key.options());
+  // Zero-filled: an edge a malformed perm misses reads (and returns) 0.
+  auto grad_ef = has_edge ? at::zeros({E, H, D}, key.options()) : at::empty({0, H, D}, key.options());
+  auto gl = at::zeros({E, H}, acc_options);
+  auto delta = at::empty({N_dst, H}, acc_options);
+
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, key.scalar_type(), "transformer_attention_backward_cpu", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "transformer_attention_backward_cpu_index", [&] {
+      const index_t* rp = rowptr_c.data_ptr<index_t>();
+      const index_t* cp = col_c.data_ptr<index_t>();
+      const index_t* ccp = colptr_c.data_ptr<index_t>();
+      const index_t* rwp = row_c.data_ptr<index_t>();
+      const index_t* pp = perm_c.data_ptr<index_t>();
+      const scalar_t* qp = q_c.data_ptr<scalar_t>();
+      const scalar_t* kp = k_c.data_ptr<scalar_t>();
+      const scalar_t* vp = v_c.data_ptr<scalar_t>();
+      const scalar_t* efp = has_edge ? ef_c.data_ptr<scalar_t>() : nullptr;
+      const scalar_t* outp = out_c.data_ptr<scalar_t>();
+      const scalar_t* bp = has_bias ? bias_c.data_ptr<scalar_t>() : nullptr;
+      const scalar_t* gop = go.data_ptr<scalar_t>();
+      const acc_t* lp = lse_c.data_ptr<acc_t>();
+      const acc_t* glp = has_grad_lse ? glse_c.data_ptr<acc_t>() : nullptr;
+      acc_t* dp = delta.data_ptr<acc_t>();
+      acc_t* glw = gl.data_ptr<acc_t>();
+      scalar_t* gqp = grad_q.data_ptr<scalar_t>();
+      scalar_t* gkp = grad_k.data_ptr<scalar_t>();
+      scalar_t* gvp = grad_v.data_ptr<scalar_t>();
+      scalar_t* gefp = has_edge ? grad_ef.data_ptr<scalar_t>() : nullptr;
+      const acc_t sc = static_cast<acc_t>(scale);
+      const acc_t keep_scale = static_cast<acc_t>(dropout.keep_scale);
+      const DropoutRng rng = dropout.rng;
+      const bool has_dropout = dropout_p > 0.0;
+      cpu::check_ends(rp, N_dst, E, "rowptr", "col");
+      cpu::check_ends(ccp, N_src, E, "colptr", "row");
+
+      // 1. delta per destination; validates the CSR (the last pass reads it).
+      cpu::row_deltas(rp, cp, N_dst, N_src, E, H, D, gop, outp, bp, dp);
+
+      cpu::with_width(D, [&](auto width) {
+        // 2. Sources over the CSC: grad_key, grad_value, grad_e_feat and the
+        // logit gradients.
+        cpu::parallel_rows(ccp, N_src, [&](int64_t begin, int64_t end) CPU_KERNEL_INLINE_LAMBDA {
+          std::vector<acc_t> acc_k(HD), acc_v(HD), q(width), ve(width);
+          for (int64_t j = begin; j < end; ++j) {
+            std::fill(acc_k.begin(), acc_k.end(), acc_t(0));
+            std::fill(acc_v.begin(), acc_v.end(), acc_t(0));
+            const index_t lo = ccp[j], hi = ccp[j + 1];
+            cpu::check_range(lo, hi, E, "colptr", j);
+            const scalar_t* kj = kp + j * HD;
+            const scalar_t* vj = vp + j * HD;
+            for (int64_t k = lo; k < hi; ++k) {
+              const index_t i = rwp[k], e = pp[k];
+              cpu::check_index_value(i, N_dst, "row", k);
+              cpu::check_index_value(e, E, "perm", k);
+              cpu::prefetch_source(gop, rwp, k, E, N_dst, HD);
+              const scalar_t* g = gop + static_cast<int64_t>(i) * HD;
+              const scalar_t* qi = qp + static_cast<int64_t>(i) * HD;
+              const scalar_t* ee = efp != nullptr ? efp + static_cast<int64_t>(e) * HD : nullptr;
+              unsigned kept = 0xFu;  // dropout bits of heads h .. h + 3 (one Philox call)
+              for (int64_t h = 0; h < H; ++h) {
+                const int64_t f = h * width;
+                for (int64_t d = 0; d < width; ++d) q[d] = static_cast<acc_t>(qi[f + d]);
+                const acc_t l = sc * key_dot(q.data(), kj + f, ee != nullptr ? ee + f : nullptr,
+                                             width);
+                const acc_t alpha = std::exp(l - lp[i * H + h]);
+                if (has_dropout && (h & 3) == 0) kept = rng.keep4(e, h >> 2);
+                const bool keep = (kept >> (h & 3)) & 1u;
+                const scalar_t* gh = g + f;
+                // m * <grad_out[i], value[j] (+ e_feat[e])>; 0 for a dropped element
+                acc_t m_dot = 0;
+                if (keep) {
+                  for (int64_t d = 0; d < width; ++d) {
+                    ve[d] = static_cast<acc_t>(vj[f + d]);
+                    if (ee != nullptr) ve[d] += static_cast<acc_t>(ee[f + d]);
+                    m_dot += static_cast<acc_t>(gh[d]) * ve[d];
+                  }
+                  m_dot *= keep_scale;
+                }
+                acc_t grad_l = m_dot - dp[i * H + h];
+                if (glp != nullptr) grad_l += glp[i * H + h];
+                grad_l *= alpha;
+                glw[static_cast<int64_t>(e) * H + h] = grad_l;
+                const acc_t w = keep ? alpha * keep_scale : acc_t(0);
+                const acc_t gs = grad_l * sc;
+                scalar_t* gef = gefp != nullptr ? gefp + static_cast<int64_t>(e) * HD + f : nullptr;
+                for (int64_t d = 0; d < width; ++d) {
+                  const acc_t gk = gs * q[d];
+                  const acc_t gv = w * static_cast<acc_t>(gh[d]);
+                  acc_k[f + d] += gk;
+                  acc_v[f + d] += gv;
+                  if (gef != nullptr) gef[d] = static_cast<scalar_t>(gk + gv);
+                }
+              }
+            }
+            cpu::store_row(gkp + j * HD, acc_k.data(), acc_t(1), static_cast<const acc_t*>(nullptr),
+                           HD);
+            cpu::store_row(gvp + j * HD, acc_v.data(), acc_t(1), static_cast<const acc_t*>(nullptr),
+                           HD);
+          }
+        });
+
+        // 3. Destinations over the CSR: grad_query[i] = scale * sum over the
+        // row of grad_l * (key[j] (+ e_feat[e])).
+        cpu::parallel_rows(rp, N_dst, [&](int64_t begin, int64_t end) CPU_KERNEL_INLINE_LAMBDA {
+          std::vector<acc_t> acc(HD);
+          for (int64_t i = begin; i < end; ++i) {
+            std::fill(acc.begin(), acc.end(), acc_t(0));
+            for (int64_t e = rp[i]; e < rp[i + 1]; ++e) {
+              const scalar_t* kj = kp + static_cast<int64_t>(cp[e]) * HD;
+              const scalar_t* ee = efp != nullptr ? efp + e * HD : nullptr;
+              for (int64_t h = 0; h < H; ++h) {
+                const int64_t f = h * width;
+                const acc_t gs = glw[e * H + h] * sc;
+                cpu::axpy(acc.data() + f, gs, kj + f, int64_t(width));
+                if (ee != nullptr) cpu::axpy(acc.data() + f, gs, ee + f, int64_t(width));
+              }
+            }
+            cpu::store_row(gqp + i * HD, acc.data(), acc_t(1), static_cast<const acc_t*>(nullptr),
+                           HD);
+          }
+        });
+      });
+    });
+  });
+  return {grad_q, grad_k, grad_v, grad_ef};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(pyg_multihead_agg, CPU, m) {
+  m.impl("transformer_attention", &transformer_attention_cpu);
+  m.impl("transformer_attention_backward", &transformer_attention_backward_cpu);
+}
+
+}  // namespace pyg_multihead_agg
