@@ -244,6 +244,25 @@ def _new_philox(generator: Optional[torch.Generator] = None) -> Tensor:
     return torch.cat([seed, seed.new_zeros(1)])
 
 
+def _attention_call_args(rowptr: Tensor, col: Tensor, num_src: int, dropout: float,
+                         philox: Optional[Tensor], generator: Optional[torch.Generator],
+                         csc: Optional[CSC], validate: bool, perm_inv: Optional[Tensor]):
+    """What the attention wrappers pass their op besides the features: the
+    graph checked (validate), a fresh Philox key when dropout needs one, the
+    CSC as three optionals, and perm_inv only with the caller's CSC."""
+    if validate:
+        check_csr(rowptr, col, num_src)
+        if csc is not None:
+            check_csc(csc, rowptr, col, num_src)
+            if perm_inv is not None:
+                check_perm_inv(perm_inv, csc[2])
+    if dropout > 0 and philox is None:
+        philox = _new_philox(generator)
+    if csc is None:
+        return philox, (None, None, None), None
+    return philox, csc, perm_inv
+
+
 def gat_attention(rowptr: Tensor, col: Tensor, s_src: Tensor, s_dst: Tensor, x: Tensor, *,
                   s_edge: Optional[Tensor] = None, negative_slope: float = 0.2,
                   dropout: float = 0.0, philox: Optional[Tensor] = None,
@@ -316,17 +335,8 @@ def gat_attention(rowptr: Tensor, col: Tensor, s_src: Tensor, s_dst: Tensor, x: 
         >>> torch.allclose(out[1], x[1])  # a row with one edge: its weight is 1
         True
     """
-    if validate:
-        check_csr(rowptr, col, x.size(0))
-        if csc is not None:
-            check_csc(csc, rowptr, col, x.size(0))
-            if perm_inv is not None:
-                check_perm_inv(perm_inv, csc[2])
-    if dropout > 0 and philox is None:
-        philox = _new_philox(generator)
-    colptr, row, perm = (None, None, None) if csc is None else csc
-    if csc is None:
-        perm_inv = None
+    philox, (colptr, row, perm), perm_inv = _attention_call_args(
+        rowptr, col, x.size(0), dropout, philox, generator, csc, validate, perm_inv)
     return _ops.gat_attention(rowptr, col, s_src, s_dst, s_edge, x, float(negative_slope),
                               float(dropout), philox, colptr, row, perm, bias, perm_inv)
 
@@ -396,6 +406,60 @@ torch.library.register_autograd("pyg_multihead_agg::gat_attention_backward", _no
                                 setup_context=_no_double_backward_context)
 
 
+def _register_fused_autograd(name: str, source_slot: int, grad_slots: Tuple[int, ...],
+                             edge_slot: int) -> None:
+    """Autograd of a per-channel attention op (gatv2_attention,
+    transformer_attention): inputs ``(rowptr, col, a, b, c, d, float, dropout_p,
+    philox, colptr, row, perm, bias, perm_inv)`` with the four tensors a..d
+    (one of them the optional edge features, at ``edge_slot``; the source
+    features, whose rows are the CSC's columns, at ``source_slot``), and a
+    backward op ``<name>_backward(rowptr, col, colptr, row, perm, a, b, c, d,
+    out, lse, grad_out, grad_lse, float, dropout_p, philox, bias, perm_inv)``
+    whose four gradients belong to the inputs at ``grad_slots`` (the edge
+    features' empty without them). The bias's gradient is grad_out summed
+    over rows, in at least float32; the CSC is built when the caller gave
+    none (perm_inv only with the caller's CSC)."""
+    backward_op = getattr(_ops, f"{name}_backward")
+
+    def setup_context(ctx, inputs, output):
+        (rowptr, col, a, b, c, d, factor, dropout_p, philox, colptr, row, perm, bias,
+         perm_inv) = inputs
+        ctx.factor, ctx.dropout_p = factor, dropout_p
+        ctx.num_src = inputs[source_slot].size(0)
+        ctx.has_edge, ctx.has_bias = inputs[edge_slot] is not None, bias is not None
+        # out is the biased output, the one [N_dst, H, C] tensor kept.
+        ctx.save_for_backward(rowptr, col, a, b, c, d, philox, colptr, row, perm, output[0],
+                              output[1], bias, perm_inv)
+
+    def backward(ctx, grad_out, grad_lse):
+        (rowptr, col, a, b, c, d, philox, colptr, row, perm, out, lse, bias,
+         perm_inv) = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        if grad_out is None:
+            grad_out = torch.zeros_like(out)
+        grads = [None] * 14
+        if ctx.has_bias and needs[12]:
+            acc = torch.promote_types(grad_out.dtype, torch.float32)
+            grads[12] = grad_out.sum(0, dtype=acc).to(bias.dtype)
+        if not any(needs[2:6]):
+            return tuple(grads)
+        if colptr is None:
+            colptr, row, perm = csr_to_csc(rowptr, col, ctx.num_src)
+            perm_inv = None  # only with the caller's CSC
+        results = backward_op(rowptr, col, colptr, row, perm, a, b, c, d, out, lse,
+                              grad_out.contiguous(), grad_lse, ctx.factor, ctx.dropout_p, philox,
+                              bias, perm_inv)
+        for slot, g in zip(grad_slots, results, strict=True):
+            if slot != edge_slot or ctx.has_edge:
+                grads[slot] = g
+        return tuple(grads)
+
+    torch.library.register_autograd(f"pyg_multihead_agg::{name}", backward,
+                                    setup_context=setup_context)
+    torch.library.register_autograd(f"pyg_multihead_agg::{name}_backward", _no_double_backward,
+                                    setup_context=_no_double_backward_context)
+
+
 # ---------------------------------------------------------------------------
 # Fused GATv2 attention (docs/gat_attention.md, GATv2)
 # ---------------------------------------------------------------------------
@@ -452,19 +516,33 @@ def gatv2_attention(rowptr: Tensor, col: Tensor, x_l: Tensor, x_r: Tensor, att: 
         >>> torch.allclose(out[1], x_l[1])  # a row with one edge: its weight is 1
         True
     """
-    if validate:
-        check_csr(rowptr, col, x_l.size(0))
-        if csc is not None:
-            check_csc(csc, rowptr, col, x_l.size(0))
-            if perm_inv is not None:
-                check_perm_inv(perm_inv, csc[2])
-    if dropout > 0 and philox is None:
-        philox = _new_philox(generator)
-    colptr, row, perm = (None, None, None) if csc is None else csc
-    if csc is None:
-        perm_inv = None
+    philox, (colptr, row, perm), perm_inv = _attention_call_args(
+        rowptr, col, x_l.size(0), dropout, philox, generator, csc, validate, perm_inv)
     return _ops.gatv2_attention(rowptr, col, x_l, x_r, e_feat, att, float(negative_slope),
                                 float(dropout), philox, colptr, row, perm, bias, perm_inv)
+
+
+def _check_edge_dropout_bias(col, e_feat, x, x_name, dropout_p, philox, bias):
+    """The checks the per-channel attention ops share: e_feat [E, H, C],
+    dropout_p and its philox, bias [H, C], against the features x [N, H, C]."""
+    heads, channels = x.size(1), x.size(2)
+    if e_feat is not None:
+        _check_value(e_feat, "e_feat", 3)
+        _check_same(e_feat, "e_feat", x, x_name)
+        torch._check(e_feat.size(0) == col.size(0) and e_feat.size(1) == heads
+                     and e_feat.size(2) == channels,
+                     lambda: f"e_feat must have shape [{col.size(0)}, {heads}, {channels}] "
+                     "(col.numel(), heads, channels)")
+    torch._check(0.0 <= dropout_p <= 1.0, lambda: f"dropout_p must lie in [0, 1], got {dropout_p}")
+    if dropout_p > 0:
+        torch._check(philox is not None, lambda: "philox (an int64 tensor [seed, offset]) is "
+                     "required when dropout_p > 0")
+    if bias is not None:
+        _check_value(bias, "bias", 2)
+        _check_same(bias, "bias", x, x_name)
+        torch._check(bias.size(0) == heads and bias.size(1) == channels,
+                     lambda: f"bias must have shape [{heads}, {channels}] (heads, channels), got "
+                     f"{list(bias.shape)}")
 
 
 def _check_gatv2(rowptr, col, x_l, x_r, e_feat, att, dropout_p, philox, bias=None):
@@ -481,23 +559,7 @@ def _check_gatv2(rowptr, col, x_l, x_r, e_feat, att, dropout_p, philox, bias=Non
                  "(rowptr.numel() - 1, heads, channels)")
     torch._check(att.size(0) == heads and att.size(1) == channels,
                  lambda: f"att must have shape [{heads}, {channels}] (heads, channels of x_l)")
-    if e_feat is not None:
-        _check_value(e_feat, "e_feat", 3)
-        _check_same(e_feat, "e_feat", x_l, "x_l")
-        torch._check(e_feat.size(0) == col.size(0) and e_feat.size(1) == heads
-                     and e_feat.size(2) == channels,
-                     lambda: f"e_feat must have shape [{col.size(0)}, {heads}, {channels}] "
-                     "(col.numel(), heads, channels)")
-    torch._check(0.0 <= dropout_p <= 1.0, lambda: f"dropout_p must lie in [0, 1], got {dropout_p}")
-    if dropout_p > 0:
-        torch._check(philox is not None, lambda: "philox (an int64 tensor [seed, offset]) is "
-                     "required when dropout_p > 0")
-    if bias is not None:
-        _check_value(bias, "bias", 2)
-        _check_same(bias, "bias", x_l, "x_l")
-        torch._check(bias.size(0) == heads and bias.size(1) == channels,
-                     lambda: f"bias must have shape [{heads}, {channels}] (heads, channels: "
-                     f"x.size(1), x.size(2)), got {list(bias.shape)}")
+    _check_edge_dropout_bias(col, e_feat, x_l, "x_l", dropout_p, philox, bias)
 
 
 @torch.library.register_fake("pyg_multihead_agg::gatv2_attention")
@@ -523,49 +585,7 @@ def _(rowptr, col, colptr, row, perm, x_l, x_r, e_feat, att, out, lse, grad_out,
             x_l.new_empty(num_edges, x_l.size(1), x_l.size(2)))
 
 
-def _gatv2_setup_context(ctx, inputs, output):
-    (rowptr, col, x_l, x_r, e_feat, att, negative_slope, dropout_p, philox, colptr, row, perm,
-     bias, perm_inv) = inputs
-    out, lse = output
-    ctx.negative_slope, ctx.dropout_p = negative_slope, dropout_p
-    ctx.num_src = x_l.size(0)
-    ctx.has_edge, ctx.has_bias = e_feat is not None, bias is not None
-    # out is the biased output, the one [N_dst, H, C] tensor kept.
-    ctx.save_for_backward(rowptr, col, x_l, x_r, e_feat, att, philox, colptr, row, perm, out,
-                          lse, bias, perm_inv)
-
-
-def _gatv2_backward(ctx, grad_out, grad_lse):
-    (rowptr, col, x_l, x_r, e_feat, att, philox, colptr, row, perm, out, lse, bias,
-     perm_inv) = ctx.saved_tensors
-    needs = ctx.needs_input_grad
-    grad_bias = None
-    if grad_out is None:
-        grad_out = torch.zeros_like(out)
-    if ctx.has_bias and needs[12]:
-        acc = torch.promote_types(grad_out.dtype, torch.float32)
-        grad_bias = grad_out.sum(0, dtype=acc).to(bias.dtype)
-    grads = [None] * 14
-    grads[12] = grad_bias
-    if not (needs[2] or needs[3] or needs[4] or needs[5]):
-        return tuple(grads)
-    if colptr is None:
-        colptr, row, perm = csr_to_csc(rowptr, col, ctx.num_src)
-        perm_inv = None  # only with the caller's CSC
-    gxl, gxr, gatt, gef = _ops.gatv2_attention_backward(
-        rowptr, col, colptr, row, perm, x_l, x_r, e_feat, att, out, lse, grad_out.contiguous(),
-        grad_lse, ctx.negative_slope, ctx.dropout_p, philox, bias, perm_inv)
-    grads[2], grads[3], grads[5] = gxl, gxr, gatt
-    if ctx.has_edge:
-        grads[4] = gef
-    return tuple(grads)
-
-
-torch.library.register_autograd("pyg_multihead_agg::gatv2_attention", _gatv2_backward,
-                                setup_context=_gatv2_setup_context)
-torch.library.register_autograd("pyg_multihead_agg::gatv2_attention_backward",
-                                _no_double_backward,
-                                setup_context=_no_double_backward_context)
+_register_fused_autograd("gatv2_attention", source_slot=2, grad_slots=(2, 3, 5, 4), edge_slot=4)
 
 
 # ---------------------------------------------------------------------------
@@ -623,19 +643,10 @@ def transformer_attention(rowptr: Tensor, col: Tensor, query: Tensor, key: Tenso
         >>> torch.allclose(out[1], v[1])  # a row with one edge: its weight is 1
         True
     """
-    if validate:
-        check_csr(rowptr, col, key.size(0))
-        if csc is not None:
-            check_csc(csc, rowptr, col, key.size(0))
-            if perm_inv is not None:
-                check_perm_inv(perm_inv, csc[2])
     if scale is None:
         scale = key.size(-1) ** -0.5 if key.size(-1) > 0 else 1.0
-    if dropout > 0 and philox is None:
-        philox = _new_philox(generator)
-    colptr, row, perm = (None, None, None) if csc is None else csc
-    if csc is None:
-        perm_inv = None
+    philox, (colptr, row, perm), perm_inv = _attention_call_args(
+        rowptr, col, key.size(0), dropout, philox, generator, csc, validate, perm_inv)
     return _ops.transformer_attention(rowptr, col, query, key, value, e_feat, float(scale),
                                       float(dropout), philox, colptr, row, perm, bias, perm_inv)
 
@@ -654,23 +665,7 @@ def _check_transformer(rowptr, col, query, key, value, e_feat, dropout_p, philox
                  and query.size(2) == channels,
                  lambda: f"query must have shape [{num_dst}, {heads}, {channels}] "
                  "(rowptr.numel() - 1, heads, channels of key)")
-    if e_feat is not None:
-        _check_value(e_feat, "e_feat", 3)
-        _check_same(e_feat, "e_feat", key, "key")
-        torch._check(e_feat.size(0) == col.size(0) and e_feat.size(1) == heads
-                     and e_feat.size(2) == channels,
-                     lambda: f"e_feat must have shape [{col.size(0)}, {heads}, {channels}] "
-                     "(col.numel(), heads, channels)")
-    torch._check(0.0 <= dropout_p <= 1.0, lambda: f"dropout_p must lie in [0, 1], got {dropout_p}")
-    if dropout_p > 0:
-        torch._check(philox is not None, lambda: "philox (an int64 tensor [seed, offset]) is "
-                     "required when dropout_p > 0")
-    if bias is not None:
-        _check_value(bias, "bias", 2)
-        _check_same(bias, "bias", key, "key")
-        torch._check(bias.size(0) == heads and bias.size(1) == channels,
-                     lambda: f"bias must have shape [{heads}, {channels}] (heads, channels), got "
-                     f"{list(bias.shape)}")
+    _check_edge_dropout_bias(col, e_feat, key, "key", dropout_p, philox, bias)
 
 
 @torch.library.register_fake("pyg_multihead_agg::transformer_attention")
@@ -696,44 +691,5 @@ def _(rowptr, col, colptr, row, perm, query, key, value, e_feat, out, lse, grad_
             key.new_empty(num_edges, key.size(1), key.size(2)))
 
 
-def _transformer_setup_context(ctx, inputs, output):
-    (rowptr, col, query, key, value, e_feat, scale, dropout_p, philox, colptr, row, perm, bias,
-     perm_inv) = inputs
-    out, lse = output
-    ctx.scale, ctx.dropout_p = scale, dropout_p
-    ctx.num_src = key.size(0)
-    ctx.has_edge, ctx.has_bias = e_feat is not None, bias is not None
-    # out is the biased output, the one [N_dst, H, C] tensor kept.
-    ctx.save_for_backward(rowptr, col, query, key, value, e_feat, philox, colptr, row, perm, out,
-                          lse, bias, perm_inv)
-
-
-def _transformer_backward(ctx, grad_out, grad_lse):
-    (rowptr, col, query, key, value, e_feat, philox, colptr, row, perm, out, lse, bias,
-     perm_inv) = ctx.saved_tensors
-    needs = ctx.needs_input_grad
-    if grad_out is None:
-        grad_out = torch.zeros_like(out)
-    grads = [None] * 14
-    if ctx.has_bias and needs[12]:
-        acc = torch.promote_types(grad_out.dtype, torch.float32)
-        grads[12] = grad_out.sum(0, dtype=acc).to(bias.dtype)
-    if not any(needs[2:6]):
-        return tuple(grads)
-    if colptr is None:
-        colptr, row, perm = csr_to_csc(rowptr, col, ctx.num_src)
-        perm_inv = None  # only with the caller's CSC
-    gq, gk, gv, gef = _ops.transformer_attention_backward(
-        rowptr, col, colptr, row, perm, query, key, value, e_feat, out, lse,
-        grad_out.contiguous(), grad_lse, ctx.scale, ctx.dropout_p, philox, bias, perm_inv)
-    grads[2], grads[3], grads[4] = gq, gk, gv
-    if ctx.has_edge:
-        grads[5] = gef
-    return tuple(grads)
-
-
-torch.library.register_autograd("pyg_multihead_agg::transformer_attention", _transformer_backward,
-                                setup_context=_transformer_setup_context)
-torch.library.register_autograd("pyg_multihead_agg::transformer_attention_backward",
-                                _no_double_backward,
-                                setup_context=_no_double_backward_context)
+_register_fused_autograd("transformer_attention", source_slot=3, grad_slots=(2, 3, 4, 5),
+                         edge_slot=5)
