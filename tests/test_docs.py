@@ -31,7 +31,8 @@ PUBLIC = [pyg_multihead_agg.multihead_spmm, pyg_multihead_agg.gat_attention,
           pyg_multihead_agg.check_csc, pyg_multihead_agg.csr_to_csc,
           pyg_multihead_agg.invert_perm, pyg_multihead_agg.graph.prepare,
           pyg_multihead_agg.graph.set_index_check, pyg_multihead_agg.nn.GATConv,
-          pyg_multihead_agg.nn.GATv2Conv]
+          pyg_multihead_agg.nn.GATv2Conv, pyg_multihead_agg.transformer_attention,
+          pyg_multihead_agg.nn.TransformerConv]
 
 
 @pytest.mark.parametrize("obj", PUBLIC, ids=lambda o: o.__qualname__)

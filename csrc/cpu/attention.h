@@ -1,11 +1,15 @@
 // What the CPU kernels of the fused attention operators (gat_attention.cpp,
-// gatv2_attention.cpp) share: the dropout state, leaky_relu, and the
+// gatv2_attention.cpp, transformer_attention.cpp) share: the dropout state,
+// leaky_relu, the online-softmax forward of the per-channel scores, and the
 // per-destination delta of the backward.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -36,9 +40,89 @@ inline Dropout make_dropout(double dropout_p, const std::optional<at::Tensor>& p
   return d;
 }
 
+// A small tensor (att, bias) in acc_t, contiguous.
+template <typename acc_t, typename scalar_t>
+std::vector<acc_t> to_acc(const at::Tensor& t) {
+  const auto c = t.contiguous();
+  const scalar_t* p = c.data_ptr<scalar_t>();
+  std::vector<acc_t> v(c.numel());
+  for (int64_t k = 0; k < c.numel(); ++k) v[k] = static_cast<acc_t>(p[k]);
+  return v;
+}
+
 template <typename acc_t>
 CPU_KERNEL_INLINE acc_t leaky_relu(acc_t z, acc_t negative_slope) {
   return z > acc_t(0) ? z : z * negative_slope;
+}
+
+// The forward of the ops whose score reads the gathered rows (GATv2,
+// transformer): destination rows in parallel, one pass over each row's edges
+// with an online softmax per head, the state rescaled when a head's maximum
+// grows, normalised at the end and the bias (acc_t [H * D], zeros without
+// one) added before the one rounding to the output. The op supplies
+//   load_row(i, row):            its per-row state into row (acc_t [H * D])
+//   logit(row, e, j, f):         the logit of edge e (source j) for the head
+//                                whose features start at f = h * width
+//   add(acc, w, e, j, f):        acc[0, width) += w * the edge's aggregated row
+// and `gathered`, the rows whose source row j it prefetches ahead.
+template <typename acc_t, typename scalar_t, typename index_t, typename Width, typename LoadRow,
+          typename Logit, typename Add>
+void online_softmax_rows(const index_t* rp, const index_t* cp, int64_t N_dst, int64_t N_src,
+                         int64_t E, int64_t H, Width width, const scalar_t* gathered,
+                         const Dropout& dropout, bool has_dropout, const acc_t* bias,
+                         scalar_t* out, acc_t* lse, LoadRow&& load_row, Logit&& logit, Add&& add) {
+  constexpr acc_t kInf = std::numeric_limits<acc_t>::infinity();
+  const int64_t HD = H * width;
+  const acc_t keep_scale = static_cast<acc_t>(dropout.keep_scale);
+  const DropoutRng rng = dropout.rng;
+  check_ends(rp, N_dst, E, "rowptr", "col");
+  parallel_rows(rp, N_dst, [&](int64_t begin, int64_t end) CPU_KERNEL_INLINE_LAMBDA {
+    std::vector<acc_t> acc(HD), mx(H), sum(H), row(HD);
+    for (int64_t i = begin; i < end; ++i) {
+      const index_t lo = rp[i], hi = rp[i + 1];
+      check_range(lo, hi, E, "rowptr", i);
+      scalar_t* o = out + i * HD;
+      acc_t* l_out = lse + i * H;
+      if (lo == hi) {  // no edges: out = 0 (+ bias), lse = -inf
+        for (int64_t f = 0; f < HD; ++f) o[f] = static_cast<scalar_t>(bias[f]);
+        std::fill(l_out, l_out + H, -kInf);
+        continue;
+      }
+      load_row(i, row);
+      std::fill(mx.begin(), mx.end(), -kInf);
+      std::fill(sum.begin(), sum.end(), acc_t(0));
+      std::fill(acc.begin(), acc.end(), acc_t(0));
+      for (int64_t e = lo; e < hi; ++e) {
+        const index_t j = cp[e];
+        check_index_value(j, N_src, "col", e);
+        prefetch_source(gathered, cp, e, E, N_src, HD);
+        unsigned kept = 0xFu;  // dropout bits of heads h .. h + 3 (one Philox call)
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t f = h * width;
+          const acc_t l = logit(row, e, static_cast<int64_t>(j), f);
+          if (l > mx[h]) {  // rescale the state to the new maximum
+            const acc_t c = mx[h] == -kInf ? acc_t(0) : std::exp(mx[h] - l);
+            sum[h] *= c;
+            for (int64_t d = 0; d < width; ++d) acc[f + d] *= c;
+            mx[h] = l;
+          }
+          // exp(l - mx); 0 for -inf, NaN for a NaN logit (it never becomes
+          // the maximum, and reaches sum and the row here).
+          const acc_t w = l == -kInf ? acc_t(0) : std::exp(l - mx[h]);
+          sum[h] += w;
+          if (has_dropout && (h & 3) == 0) kept = rng.keep4(e, h >> 2);
+          if ((kept >> (h & 3)) & 1u) add(acc.data() + f, w * keep_scale, e, static_cast<int64_t>(j), f);
+        }
+      }
+      for (int64_t h = 0; h < H; ++h) {
+        // sum == 0: every logit -inf; NaN as in the reference (0 / 0).
+        l_out[h] = sum[h] == acc_t(0) ? std::numeric_limits<acc_t>::quiet_NaN()
+                                      : mx[h] + std::log(sum[h]);
+        store_row(o + h * width, acc.data() + h * width, acc_t(1) / sum[h], bias + h * width,
+                  int64_t(width));
+      }
+    }
+  });
 }
 
 // delta[i, h] = <grad_out[i, h], out[i, h] - bias[h]> for every destination

@@ -1,12 +1,10 @@
 // CPU kernels of the fused GATv2 attention (docs/gat_attention.md, GATv2).
 //
-// Forward: destination rows in parallel (split by work, loops.h); per row one
-// pass over its edges with an online softmax, all heads of an edge together:
-// each edge's source row x_l[j] is read once, for its score
+// Forward: the online-softmax row walk of attention.h (online_softmax_rows),
+// all heads of an edge together: each edge's source row x_l[j] is read once,
+// for its score
 // sum_c att[h, c] * leaky_relu(x_l[j, h, c] + x_r[i, h, c] (+ e_feat[e, h, c]))
-// and for the aggregation; the running sums are rescaled when a head's
-// maximum grows, normalised at the end, and the optional bias added before
-// the one rounding to the output dtype. float32 accumulation for half types.
+// and for the aggregation. float32 accumulation for half types.
 //
 // Backward, recomputed from lse with the dropout mask regenerated from
 // Philox: delta per destination; sources in parallel over the CSC give
@@ -40,7 +38,8 @@ namespace pyg_multihead_agg {
 namespace {
 
 // The logit of one (edge, head): sum_c att[c] * leaky_relu(z[c]) with
-// z = xl + xr (+ ef), z kept in zbuf (acc_t, n entries) for the caller.
+// z = xl + xr (+ ef), z kept in zbuf (acc_t, n entries; none when null) for
+// the caller.
 template <typename acc_t, typename scalar_t, typename W>
 CPU_KERNEL_INLINE acc_t gatv2_logit(const scalar_t* __restrict xl, const acc_t* __restrict xr,
                                     const scalar_t* __restrict ef, const acc_t* __restrict att,
@@ -49,19 +48,10 @@ CPU_KERNEL_INLINE acc_t gatv2_logit(const scalar_t* __restrict xl, const acc_t* 
   for (int64_t c = 0; c < n; ++c) {
     acc_t z = static_cast<acc_t>(xl[c]) + xr[c];
     if (ef != nullptr) z += static_cast<acc_t>(ef[c]);
-    zbuf[c] = z;
+    if (zbuf != nullptr) zbuf[c] = z;
     l += att[c] * cpu::leaky_relu(z, slope);
   }
   return l;
-}
-
-template <typename acc_t, typename scalar_t>
-std::vector<acc_t> to_acc(const at::Tensor& t) {
-  const auto c = t.contiguous();
-  const scalar_t* p = c.data_ptr<scalar_t>();
-  std::vector<acc_t> v(c.numel());
-  for (int64_t k = 0; k < c.numel(); ++k) v[k] = static_cast<acc_t>(p[k]);
-  return v;
 }
 
 std::tuple<at::Tensor, at::Tensor> gatv2_attention_cpu(
@@ -93,71 +83,29 @@ std::tuple<at::Tensor, at::Tensor> gatv2_attention_cpu(
       const scalar_t* xlp = xl_c.data_ptr<scalar_t>();
       const scalar_t* xrp = xr_c.data_ptr<scalar_t>();
       const scalar_t* efp = has_edge ? ef_c.data_ptr<scalar_t>() : nullptr;
-      const std::vector<acc_t> att_acc = to_acc<acc_t, scalar_t>(att);
+      const std::vector<acc_t> att_acc = cpu::to_acc<acc_t, scalar_t>(att);
       std::vector<acc_t> bias_acc(HD, acc_t(0));
-      if (has_bias) bias_acc = to_acc<acc_t, scalar_t>(*bias);
+      if (has_bias) bias_acc = cpu::to_acc<acc_t, scalar_t>(*bias);
       const acc_t* ap = att_acc.data();
       const acc_t* ba = bias_acc.data();
       scalar_t* op = out.data_ptr<scalar_t>();
       acc_t* lp = lse.data_ptr<acc_t>();
       const acc_t slope = static_cast<acc_t>(negative_slope);
-      const acc_t keep_scale = static_cast<acc_t>(dropout.keep_scale);
-      const DropoutRng rng = dropout.rng;
-      const bool has_dropout = dropout_p > 0.0;
-      constexpr acc_t kInf = std::numeric_limits<acc_t>::infinity();
-      cpu::check_ends(rp, N_dst, E, "rowptr", "col");
-
       cpu::with_width(D, [&](auto width) {
-        cpu::parallel_rows(rp, N_dst, [&](int64_t begin, int64_t end) CPU_KERNEL_INLINE_LAMBDA {
-          std::vector<acc_t> acc(HD), mx(H), sum(H), xr(HD), z(width);
-          for (int64_t i = begin; i < end; ++i) {
-            const index_t lo = rp[i], hi = rp[i + 1];
-            cpu::check_range(lo, hi, E, "rowptr", i);
-            scalar_t* o = op + i * HD;
-            acc_t* l_out = lp + i * H;
-            if (lo == hi) {  // no edges: out = 0 (+ bias), lse = -inf
-              for (int64_t f = 0; f < HD; ++f) o[f] = static_cast<scalar_t>(ba[f]);
-              std::fill(l_out, l_out + H, -kInf);
-              continue;
-            }
-            for (int64_t f = 0; f < HD; ++f) xr[f] = static_cast<acc_t>(xrp[i * HD + f]);
-            std::fill(mx.begin(), mx.end(), -kInf);
-            std::fill(sum.begin(), sum.end(), acc_t(0));
-            std::fill(acc.begin(), acc.end(), acc_t(0));
-            for (int64_t e = lo; e < hi; ++e) {
-              const index_t j = cp[e];
-              cpu::check_index_value(j, N_src, "col", e);
-              cpu::prefetch_source(xlp, cp, e, E, N_src, HD);
-              const scalar_t* xj = xlp + static_cast<int64_t>(j) * HD;
-              unsigned kept = 0xFu;  // dropout bits of heads h .. h + 3 (one Philox call)
-              for (int64_t h = 0; h < H; ++h) {
-                const int64_t f = h * width;
-                const acc_t l = gatv2_logit(xj + f, xr.data() + f,
-                                            efp != nullptr ? efp + e * HD + f : nullptr, ap + f,
-                                            slope, z.data(), width);
-                if (l > mx[h]) {  // rescale the state to the new maximum
-                  const acc_t c = mx[h] == -kInf ? acc_t(0) : std::exp(mx[h] - l);
-                  sum[h] *= c;
-                  for (int64_t d = 0; d < width; ++d) acc[f + d] *= c;
-                  mx[h] = l;
-                }
-                // exp(l - mx); 0 for -inf, NaN for a NaN logit (it never
-                // becomes the maximum, and reaches sum and the row here).
-                const acc_t w = l == -kInf ? acc_t(0) : std::exp(l - mx[h]);
-                sum[h] += w;
-                if (has_dropout && (h & 3) == 0) kept = rng.keep4(e, h >> 2);
-                if ((kept >> (h & 3)) & 1u) cpu::axpy(acc.data() + f, w * keep_scale, xj + f, int64_t(width));
-              }
-            }
-            for (int64_t h = 0; h < H; ++h) {
-              // sum == 0: every logit -inf; NaN as in the reference (0 / 0).
-              l_out[h] = sum[h] == acc_t(0) ? std::numeric_limits<acc_t>::quiet_NaN()
-                                            : mx[h] + std::log(sum[h]);
-              cpu::store_row(o + h * width, acc.data() + h * width, acc_t(1) / sum[h],
-                             ba + h * width, int64_t(width));
-            }
-          }
-        });
+        cpu::online_softmax_rows(
+            rp, cp, N_dst, N_src, E, H, width, xlp, dropout, dropout_p > 0.0, ba, op, lp,
+            [&](int64_t i, std::vector<acc_t>& xr) CPU_KERNEL_INLINE_LAMBDA {
+              for (int64_t f = 0; f < HD; ++f) xr[f] = static_cast<acc_t>(xrp[i * HD + f]);
+            },
+            [&](const std::vector<acc_t>& xr, int64_t e, int64_t j, int64_t f)
+                CPU_KERNEL_INLINE_LAMBDA {
+              return gatv2_logit(xlp + j * HD + f, xr.data() + f,
+                                 efp != nullptr ? efp + e * HD + f : nullptr, ap + f, slope,
+                                 static_cast<acc_t*>(nullptr), width);
+            },
+            [&](acc_t* acc, acc_t w, int64_t, int64_t j, int64_t f) CPU_KERNEL_INLINE_LAMBDA {
+              cpu::axpy(acc, w, xlp + j * HD + f, int64_t(width));
+            });
       });
     });
   });
@@ -215,7 +163,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_attention_backw
       const scalar_t* gop = go.data_ptr<scalar_t>();
       const acc_t* lp = lse_c.data_ptr<acc_t>();
       const acc_t* glp = has_grad_lse ? glse_c.data_ptr<acc_t>() : nullptr;
-      const std::vector<acc_t> att_acc = to_acc<acc_t, scalar_t>(att);
+      const std::vector<acc_t> att_acc = cpu::to_acc<acc_t, scalar_t>(att);
       const acc_t* ap = att_acc.data();
       acc_t* dp = delta.data_ptr<acc_t>();
       acc_t* glw = gl.data_ptr<acc_t>();

@@ -1,12 +1,10 @@
 // CPU kernels of the fused graph-transformer attention (docs/gat_attention.md,
 // transformer_attention): TransformerConv's scaled dot-product score.
 //
-// Forward: destination rows in parallel (split by work, loops.h); per row one
-// pass over its edges with an online softmax, all heads of an edge together:
-// the logit scale * <query[i], key[j] (+ e_feat[e])> and the aggregation of
-// value[j] (+ e_feat[e]), rescaled when a head's maximum grows, normalised at
-// the end, the optional bias added before the one rounding to the output
-// dtype. float32 accumulation for half types.
+// Forward: the online-softmax row walk of attention.h (online_softmax_rows),
+// all heads of an edge together: the logit scale * <query[i], key[j]
+// (+ e_feat[e])> and the aggregation of value[j] (+ e_feat[e]). float32
+// accumulation for half types.
 //
 // Backward, recomputed from lse with the dropout mask regenerated from
 // Philox: delta per destination; sources in parallel over the CSC give
@@ -81,74 +79,26 @@ std::tuple<at::Tensor, at::Tensor> transformer_attention_cpu(
       const scalar_t* vp = v_c.data_ptr<scalar_t>();
       const scalar_t* efp = has_edge ? ef_c.data_ptr<scalar_t>() : nullptr;
       std::vector<acc_t> bias_acc(HD, acc_t(0));
-      if (has_bias) {
-        const auto b = bias->contiguous();
-        for (int64_t f = 0; f < HD; ++f) bias_acc[f] = static_cast<acc_t>(b.data_ptr<scalar_t>()[f]);
-      }
+      if (has_bias) bias_acc = cpu::to_acc<acc_t, scalar_t>(*bias);
       const acc_t* ba = bias_acc.data();
       scalar_t* op = out.data_ptr<scalar_t>();
       acc_t* lp = lse.data_ptr<acc_t>();
       const acc_t sc = static_cast<acc_t>(scale);
-      const acc_t keep_scale = static_cast<acc_t>(dropout.keep_scale);
-      const DropoutRng rng = dropout.rng;
-      const bool has_dropout = dropout_p > 0.0;
-      constexpr acc_t kInf = std::numeric_limits<acc_t>::infinity();
-      cpu::check_ends(rp, N_dst, E, "rowptr", "col");
-
       cpu::with_width(D, [&](auto width) {
-        cpu::parallel_rows(rp, N_dst, [&](int64_t begin, int64_t end) CPU_KERNEL_INLINE_LAMBDA {
-          std::vector<acc_t> acc(HD), mx(H), sum(H), q(HD);
-          for (int64_t i = begin; i < end; ++i) {
-            const index_t lo = rp[i], hi = rp[i + 1];
-            cpu::check_range(lo, hi, E, "rowptr", i);
-            scalar_t* o = op + i * HD;
-            acc_t* l_out = lp + i * H;
-            if (lo == hi) {  // no edges: out = 0 (+ bias), lse = -inf
-              for (int64_t f = 0; f < HD; ++f) o[f] = static_cast<scalar_t>(ba[f]);
-              std::fill(l_out, l_out + H, -kInf);
-              continue;
-            }
-            for (int64_t f = 0; f < HD; ++f) q[f] = static_cast<acc_t>(qp[i * HD + f]);
-            std::fill(mx.begin(), mx.end(), -kInf);
-            std::fill(sum.begin(), sum.end(), acc_t(0));
-            std::fill(acc.begin(), acc.end(), acc_t(0));
-            for (int64_t e = lo; e < hi; ++e) {
-              const index_t j = cp[e];
-              cpu::check_index_value(j, N_src, "col", e);
-              cpu::prefetch_source(kp, cp, e, E, N_src, HD);
-              cpu::prefetch_source(vp, cp, e, E, N_src, HD);
-              const scalar_t* kj = kp + static_cast<int64_t>(j) * HD;
-              const scalar_t* vj = vp + static_cast<int64_t>(j) * HD;
-              const scalar_t* ee = efp != nullptr ? efp + e * HD : nullptr;
-              unsigned kept = 0xFu;  // dropout bits of heads h .. h + 3 (one Philox call)
-              for (int64_t h = 0; h < H; ++h) {
-                const int64_t f = h * width;
-                const acc_t l = sc * key_dot(q.data() + f, kj + f,
-                                             ee != nullptr ? ee + f : nullptr, width);
-                if (l > mx[h]) {  // rescale the state to the new maximum
-                  const acc_t c = mx[h] == -kInf ? acc_t(0) : std::exp(mx[h] - l);
-                  sum[h] *= c;
-                  for (int64_t d = 0; d < width; ++d) acc[f + d] *= c;
-                  mx[h] = l;
-                }
-                const acc_t w = l == -kInf ? acc_t(0) : std::exp(l - mx[h]);
-                sum[h] += w;
-                if (has_dropout && (h & 3) == 0) kept = rng.keep4(e, h >> 2);
-                if ((kept >> (h & 3)) & 1u) {
-                  const acc_t wm = w * keep_scale;
-                  cpu::axpy(acc.data() + f, wm, vj + f, int64_t(width));
-                  if (ee != nullptr) cpu::axpy(acc.data() + f, wm, ee + f, int64_t(width));
-                }
-              }
-            }
-            for (int64_t h = 0; h < H; ++h) {
-              l_out[h] = sum[h] == acc_t(0) ? std::numeric_limits<acc_t>::quiet_NaN()
-                                            : mx[h] + std::log(sum[h]);
-              cpu::store_row(o + h * width, acc.data() + h * width, acc_t(1) / sum[h],
-                             ba + h * width, int64_t(width));
-            }
-          }
-        });
+        cpu::online_softmax_rows(
+            rp, cp, N_dst, N_src, E, H, width, kp, dropout, dropout_p > 0.0, ba, op, lp,
+            [&](int64_t i, std::vector<acc_t>& q) CPU_KERNEL_INLINE_LAMBDA {
+              for (int64_t f = 0; f < HD; ++f) q[f] = static_cast<acc_t>(qp[i * HD + f]);
+            },
+            [&](const std::vector<acc_t>& q, int64_t e, int64_t j, int64_t f)
+                CPU_KERNEL_INLINE_LAMBDA {
+              return sc * key_dot(q.data() + f, kp + j * HD + f,
+                                  efp != nullptr ? efp + e * HD + f : nullptr, width);
+            },
+            [&](acc_t* acc, acc_t w, int64_t e, int64_t j, int64_t f) CPU_KERNEL_INLINE_LAMBDA {
+              cpu::axpy(acc, w, vp + j * HD + f, int64_t(width));
+              if (efp != nullptr) cpu::axpy(acc, w, efp + e * HD + f, int64_t(width));
+            });
       });
     });
   });

@@ -1,6 +1,7 @@
 """What the fused attention layers share: when the fused operator serves a
-call and when PyG's own path runs, the adjacency errors PyG leaves bare,
-the index-range check of PyG's path, the self-loop count, and PyG's return
+call and when PyG's own path runs, the input errors PyG leaves bare, the
+index-range check of PyG's path, the self-loop count, the edge-feature rows,
+the bias the op adds, whether the op needs the CSC, and PyG's return
 structure for the attention weights."""
 from typing import Callable, Optional, Union
 
@@ -29,6 +30,16 @@ class FusedAttention:
     provides ``fused_attention`` and ``_fused_head_supported(heads, channels, dtype)``:
     whether the CUDA kernels serve heads of ``channels`` in ``dtype``."""
 
+    # PyG's GATConv and GATv2Conv return the attention weights after
+    # dropout: in training with dropout the fused op, which keeps no mask,
+    # cannot give them, and PyG's path runs. TransformerConv returns them
+    # before dropout (False).
+    _weights_after_dropout = True
+    # For a torch.sparse adjacency PyG's GATConv and GATv2Conv return the
+    # adjacency with the weights as its values (True); TransformerConv
+    # returns the adjacency as given (False). Both pair it with the weights.
+    _weights_as_sparse_values = True
+
     # MessagePassing keeps the class's propagate (and edge_updater) before
     # it installs the generated one, and runs the kept one for the explainer
     # and decomposed layers. Inherited, it would be the PyG parent's
@@ -39,14 +50,15 @@ class FusedAttention:
 
     def _check_adjacency(self, edge_index: Adj, edge_attr: OptTensor) -> None:
         # The combinations PyG refuses, on every path, with a message.
-        if (self.add_self_loops and edge_attr is not None
+        add_self_loops = getattr(self, "add_self_loops", False)
+        if (add_self_loops and edge_attr is not None
                 and is_torch_sparse_tensor(edge_index)):
             # PyG fails here with a bare AssertionError inside remove_self_loops.
             raise NotImplementedError(
                 "The usage of 'edge_attr' and 'add_self_loops' simultaneously is not supported "
                 "for 'edge_index' as a torch.sparse tensor: add the self-loops to the graph "
                 "beforehand and set 'add_self_loops=False'")
-        if (self.add_self_loops and self.edge_dim is not None
+        if (add_self_loops and self.edge_dim is not None
                 and isinstance(edge_index, SparseTensor)):
             raise NotImplementedError(
                 "The usage of 'edge_attr' and 'add_self_loops' simultaneously is currently not "
@@ -63,13 +75,56 @@ class FusedAttention:
         if getattr(self, "_explain", None) or any(
                 len(getattr(self, f"_{name}_hooks")) > 0 for name in HOOKS):
             return False
-        if return_attention_weights and self.training and self.dropout > 0:
+        if (return_attention_weights and self._weights_after_dropout and self.training
+                and self.dropout > 0):
             return False
         x_src = x if isinstance(x, Tensor) else x[0]
         if x_src.is_cuda:
             return self._fused_head_supported(self.heads, self.out_channels,
                                               self._fused_dtype(x_src))
         return True
+
+    def _check_destination_features(self, x: Union[Tensor, OptPairTensor]) -> None:
+        # Layers that project the destinations: PyG fails on a missing one
+        # with a bare AssertionError or a TypeError deep inside.
+        if not isinstance(x, Tensor) and x[1] is None:
+            raise ValueError(f"{type(self).__name__} needs the destination node features: "
+                             "the attention scores read them; pass x = (x_src, x_dst) with "
+                             "x_dst not None")
+
+    @staticmethod
+    def _edge_rows(edge_index: Adj, edge_attr: Tensor) -> Tensor:
+        # Edge features [E, D] ([E] as [E, 1]), one row per edge of the
+        # adjacency (PyG's gathers would fail further in, or not at all).
+        if edge_attr.dim() == 1:
+            edge_attr = edge_attr.view(-1, 1)
+        num_edges = graphs.num_edges(edge_index)
+        if edge_attr.size(0) != num_edges:
+            raise RuntimeError(
+                f"edge_attr must have one row per edge: its size ({edge_attr.size(0)}) "
+                f"must match the size of the edge dimension ({num_edges})")
+        return edge_attr
+
+    def _op_bias(self, like: Tensor) -> OptTensor:
+        # The layer's bias as the op adds it, [H, C], or None where the layer
+        # adds it after the op. In the op it costs nothing and the op keeps
+        # one [N, H * C] output for its backward (instead of the attention
+        # output and a biased copy); with concat=False every head gets the
+        # whole bias (the mean over the heads of out_h + bias is mean(out_h)
+        # + bias). Under autocast it is added after the op, in float32, so
+        # that the output is float32 as PyG's.
+        if self.bias is None or torch.is_autocast_enabled(like.device.type):
+            return None
+        H, C = self.heads, self.out_channels
+        bias = self.bias.view(H, C) if self.concat else self.bias.expand(H, C)
+        return bias.to(like.dtype)
+
+    @staticmethod
+    def _need_csc(*inputs: OptTensor) -> bool:
+        # The op's backward walks the CSC for the gradients of its per-node
+        # and per-edge inputs (a bias's gradient alone is a sum: no CSC).
+        return torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in inputs)
 
     @staticmethod
     def _fused_dtype(x_src: Tensor) -> torch.dtype:
@@ -125,6 +180,6 @@ class FusedAttention:
         alpha = torch.exp(log_alpha.clamp(max=0.0)).to(dtype)
         if isinstance(looped, SparseTensor):
             return looped.set_value(alpha, layout="coo")
-        if is_torch_sparse_tensor(looped):
+        if is_torch_sparse_tensor(looped) and self._weights_as_sparse_values:
             return set_sparse_value(looped, alpha), alpha
         return looped, alpha

@@ -347,13 +347,7 @@ class GATConv(FusedAttention, PyGGATConv):
         alpha_edge: OptTensor = None
         loop_alpha_edge: OptTensor = None
         if edge_attr is not None and self.lin_edge is not None:
-            if edge_attr.dim() == 1:
-                edge_attr = edge_attr.view(-1, 1)
-            num_edges = graphs.num_edges(edge_index)
-            if edge_attr.size(0) != num_edges:
-                raise RuntimeError(
-                    f"edge_attr must have one row per edge: its size ({edge_attr.size(0)}) "
-                    f"must match the size of the edge dimension ({num_edges})")
+            edge_attr = self._edge_rows(edge_index, edge_attr)
             alpha_edge = self._edge_scores(edge_attr)
             if loops is not None:
                 loop_alpha_edge = self._edge_scores(
@@ -361,26 +355,12 @@ class GATConv(FusedAttention, PyGGATConv):
         if alpha_dst is None:
             alpha_dst = alpha_src.new_zeros(num_dst, H)
 
-        # The bias goes into the op, which returns attention + bias and keeps
-        # that one [N, H * C] tensor for its backward (instead of the
-        # attention output and, here, a biased copy). Per head [H, C]: with
-        # concat=False every head gets the whole bias, and the mean over the
-        # heads of (out_h + bias) is mean(out_h) + bias. The residual is added
-        # after, as PyG adds it before the bias: the same sum in another
-        # order. Under autocast the bias is added here instead, in float32,
-        # so that the output is float32 as PyG's.
-        bias: OptTensor = None
-        fold_bias = self.bias is not None and not torch.is_autocast_enabled(
-            x_src.device.type)
-        if fold_bias:
-            bias = self.bias.view(H, C) if self.concat else self.bias.expand(H, C)
-            bias = bias.to(x_src.dtype)
+        # The bias goes into the op (_op_bias); the residual is added after,
+        # as PyG adds it before the bias: the same sum in another order.
+        bias = self._op_bias(x_src)
 
-        # (The bias's gradient alone needs no CSC: the op's backward is a sum.)
-        need_csc = torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (x_src, alpha_src, alpha_dst, alpha_edge))
         graph = graphs.prepare(edge_index, num_src, num_dst, self_loops=loops,
-                               need_csc=need_csc)
+                               need_csc=self._need_csc(x_src, alpha_src, alpha_dst, alpha_edge))
         s_edge = None if alpha_edge is None else graph.to_csr_order(alpha_edge, loop_alpha_edge)
         out, lse = ops.gat_attention(
             graph.rowptr, graph.col, alpha_src, graph.pad_rows(alpha_dst), x_src,
@@ -392,7 +372,7 @@ class GATConv(FusedAttention, PyGGATConv):
         out = out.view(-1, H * C) if self.concat else out.mean(dim=1)
         if res is not None:
             out = out + res
-        if self.bias is not None and not fold_bias:
+        if self.bias is not None and bias is None:
             out = out + self.bias
         if not return_attention_weights:
             return out
@@ -420,7 +400,7 @@ class GATConv(FusedAttention, PyGGATConv):
         sizes = self._check_input(edge_index, None)
         if sizes[1] is not None and x_dst is None:
             num_dst = sizes[1]
-        need_csc = torch.is_grad_enabled() and (alpha.requires_grad or x_src.requires_grad)
-        graph = graphs.prepare(edge_index, x_src.size(0), num_dst, need_csc=need_csc)
+        graph = graphs.prepare(edge_index, x_src.size(0), num_dst,
+                               need_csc=self._need_csc(alpha, x_src))
         return ops.multihead_spmm(graph.rowptr, graph.col, graph.to_csr_order(alpha), x_src,
                                   csc=graph.csc, perm_inv=graph.perm_inv)

@@ -174,10 +174,7 @@ class GATv2Conv(FusedAttention, PyGGATv2Conv):
                 PyG adds them) and their attention weights, as PyG does.
                 (default: :obj:`None`)
         """
-        if not isinstance(x, Tensor) and x[1] is None:
-            # PyG fails with a bare AssertionError.
-            raise ValueError("GATv2Conv needs the destination node features: the attention "
-                             "scores read them; pass x = (x_src, x_dst) with x_dst not None")
+        self._check_destination_features(x)
         if edge_attr is not None and self.lin_edge is None:
             # PyG fails with a bare AssertionError in edge_update.
             raise ValueError("edge_attr was given to a GATv2Conv without edge features: "
@@ -223,34 +220,18 @@ class GATv2Conv(FusedAttention, PyGGATv2Conv):
         e: OptTensor = None
         loop_e: OptTensor = None
         if edge_attr is not None and self.lin_edge is not None:
-            if edge_attr.dim() == 1:
-                edge_attr = edge_attr.view(-1, 1)
-            num_edges = graphs.num_edges(edge_index)
-            if edge_attr.size(0) != num_edges:
-                raise RuntimeError(
-                    f"edge_attr must have one row per edge: its size ({edge_attr.size(0)}) "
-                    f"must match the size of the edge dimension ({num_edges})")
+            edge_attr = self._edge_rows(edge_index, edge_attr)
             e = self.lin_edge(edge_attr).view(-1, H, C)
             if loops is not None:
                 loop_attr = graphs.loop_attr(edge_index, edge_attr, loops, self.fill_value)
                 loop_e = self.lin_edge(loop_attr).view(-1, H, C)
 
-        # The bias goes into the op, as GATConv's does: [H, C], every head
-        # the whole bias for concat=False (the mean over the heads of
-        # out_h + bias is mean(out_h) + bias). Under autocast it is added
-        # here instead, in float32, so that the output is float32 as PyG's.
-        bias: OptTensor = None
-        fold_bias = self.bias is not None and not torch.is_autocast_enabled(x_l.device.type)
-        if fold_bias:
-            bias = self.bias.view(H, C) if self.concat else self.bias.expand(H, C)
-            bias = bias.to(x_l.dtype)
+        # The bias goes into the op (_op_bias); the residual is added after.
+        bias = self._op_bias(x_l)
         att = self.att.view(H, C).to(x_l.dtype)
 
-        # (The bias's gradient alone needs no CSC: the op's backward is a sum.)
-        need_csc = torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (x_l, x_r, att, e))
         graph = graphs.prepare(edge_index, num_src, num_dst, self_loops=loops,
-                               need_csc=need_csc)
+                               need_csc=self._need_csc(x_l, x_r, att, e))
         e_feat = None if e is None else graph.to_csr_order(e, loop_e)
         out, lse = ops.gatv2_attention(
             graph.rowptr, graph.col, x_l, graph.pad_rows(x_r), att, e_feat=e_feat,
@@ -262,7 +243,7 @@ class GATv2Conv(FusedAttention, PyGGATv2Conv):
         out = out.view(-1, H * C) if self.concat else out.mean(dim=1)
         if res is not None:
             out = out + res
-        if self.bias is not None and not fold_bias:
+        if self.bias is not None and bias is None:
             out = out + self.bias
         if not return_attention_weights:
             return out
