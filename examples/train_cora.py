@@ -8,8 +8,9 @@ PubMed), Adam with lr 0.005 and weight decay 5e-4 (0.01 and 0.001 on PubMed),
 up to 1000 epochs with early stopping on the validation loss (patience 100).
 The reported test accuracy is the one at the epoch of lowest validation loss.
 
-``--conv`` picks the layer family: ``gat`` (``GATConv``, the default) or
-``gatv2`` (``GATv2Conv``: the same model and settings, with GATv2's attention).
+``--conv`` picks the layer family: ``gat`` (``GATConv``, the default),
+``gatv2`` (``GATv2Conv``) or ``transformer`` (``TransformerConv``): the same
+model and settings, with each layer's attention.
 ``--layer`` picks whose layer: ``ours`` (:mod:`pyg_multihead_agg.nn`, the
 default) or ``pyg`` (:mod:`torch_geometric.nn`, the baseline).
 ``--adj`` picks the adjacency, built once before training:
@@ -48,12 +49,13 @@ from torch_geometric import EdgeIndex, seed_everything
 from torch_geometric.datasets import Planetoid
 
 import pyg_multihead_agg
-from pyg_multihead_agg.nn import GATConv, GATv2Conv
+from pyg_multihead_agg.nn import GATConv, GATv2Conv, TransformerConv
 
 ADJ_CHOICES = ("edge_index", "edge_index_sorted", "sparse_tensor", "csr")
 # The layer class of each --conv (layer family) and --layer (ours, or PyG's baseline).
 CONVS = {"gat": {"ours": GATConv, "pyg": torch_geometric.nn.GATConv},
-         "gatv2": {"ours": GATv2Conv, "pyg": torch_geometric.nn.GATv2Conv}}
+         "gatv2": {"ours": GATv2Conv, "pyg": torch_geometric.nn.GATv2Conv},
+         "transformer": {"ours": TransformerConv, "pyg": torch_geometric.nn.TransformerConv}}
 LAYERS = ("ours", "pyg")
 DATASETS = ("Cora", "CiteSeer", "PubMed")
 DEFAULT_ROOT = os.path.join("~", ".cache", "pyg_multihead_agg", "data")
@@ -231,7 +233,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--root", default=DEFAULT_ROOT,
                         help="data folder; Planetoid reads (or downloads) <root>/<dataset>/raw")
     parser.add_argument("--conv", default="gat", choices=tuple(CONVS),
-                        help="layer family: gat (GATConv) or gatv2 (GATv2Conv)")
+                        help="layer family: gat (GATConv), gatv2 (GATv2Conv) or transformer "
+                        "(TransformerConv)")
     parser.add_argument("--layer", default="ours", choices=LAYERS,
                         help="ours: pyg_multihead_agg.nn's layer; pyg: PyG's (baseline)")
     parser.add_argument("--adj", default="edge_index", choices=ADJ_CHOICES,
