@@ -94,15 +94,15 @@ GAT=(
 # hub row (block-wide forward), every source a long CSC column (sliced CSC
 # pass), padded heads (48 channels on 16 lanes, 7 channels copied to 8),
 # edge features, dropout, bias and perm_inv.
-V=tests/test_gatv2_attention.py
+V=tests/test_channel_attention.py
 GATV2=(
-  "$V::test_forward_matches_reference[8x50-E400-H8-D64-hub-float32-int32-e_feat-p0.5-cuda]"
-  "$V::test_forward_matches_reference[60x6-E800-H3-D16-bfloat16-int64-e_feat-p0.5-cuda]"
-  "$V::test_backward_matches_reference[8x50-E400-H8-D64-hub-f32-i32-edge_dropout-csc_perm_inv-cuda]"
-  "$V::test_backward_matches_reference[60x6-E800-H3-D16-bf16-i64-edge_bias-csc-cuda]"
-  "$V::test_backward_matches_reference[25x25-E60-H2-D33-f16-i32-dropout-no_csc-cuda]"
-  "$V::test_heads_and_channels[3-48-float32-cuda]"
-  "$V::test_heads_and_channels[1-7-bfloat16-cuda]"
+  "$V::test_forward_matches_reference[8x50-E400-H8-D64-hub-float32-int32-e_feat-p0.5-gatv2-cuda]"
+  "$V::test_forward_matches_reference[60x6-E800-H3-D16-bfloat16-int64-e_feat-p0.5-gatv2-cuda]"
+  "$V::test_backward_matches_reference[8x50-E400-H8-D64-hub-f32-i32-edge_dropout-csc_perm_inv-gatv2-cuda]"
+  "$V::test_backward_matches_reference[60x6-E800-H3-D16-bf16-i64-edge_bias-csc-gatv2-cuda]"
+  "$V::test_backward_matches_reference[25x25-E60-H2-D33-f16-i32-dropout-no_csc-gatv2-cuda]"
+  "$V::test_heads_and_channels[3-48-float32-gatv2-cuda]"
+  "$V::test_heads_and_channels[1-7-bfloat16-gatv2-cuda]"
 )
 # The transposed dot-product kernels (heads of 8 and 4 lanes: float32 D = 32,
 # bf16 D = 32, float32 D = 16) against the per-lane ones, hub included.

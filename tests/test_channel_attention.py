@@ -1,0 +1,457 @@
+"""The fused attention ops whose scores read the feature rows, each against
+its float64 reference (tests/gat_reference.py): ``gatv2_attention``
+(GATv2's per-channel score; CPU and CUDA, padded head layouts on CUDA) and
+``transformer_attention`` (the scaled dot product; CPU kernels so far).
+Forward (out and lse), backward (every input's gradient, and through lse),
+gradcheck, opcheck, torch.compile, autocast, bad input and determinism, for
+each op; then what is particular to each (the CUDA head rule, negative_slope,
+scale).
+"""
+from typing import Callable, NamedTuple, Optional, Tuple
+
+import pytest
+import torch
+from conftest import FLOAT_DTYPES, INDEX_DTYPES, TOLERANCE, poison, random_csr, rel_error
+from gat_reference import reference_gatv2_attention, reference_transformer_attention
+from test_gat_attention import CASE_IDS, CASES, assert_lse_close, dtype_id, lse_dtype
+from torch import Tensor
+
+import pyg_multihead_agg as pma
+from pyg_multihead_agg import csr_to_csc, invert_perm
+from pyg_multihead_agg.nn.gatv2_conv import fused_head_supported
+
+ops = torch.ops.pyg_multihead_agg
+PHILOX = torch.tensor([0x5EED1234ABCD, 3], dtype=torch.int64)
+# Gradients of the scores take a difference (m * dot - delta) and (GATv2) pass
+# through the per-channel kink: twice the output tolerance, 4x in half types.
+SCORE_GRAD_FACTOR = {torch.float16: 4, torch.bfloat16: 4, torch.float32: 2, torch.float64: 2}
+_OP_ONLY = ("csc", "perm_inv")  # arguments of the op the reference does not take
+
+
+class Inputs(NamedTuple):
+    """The three feature tensors a, b, c of an op (its own names in
+    ``Op.names``), the edge features and the bias."""
+    op: "Op"
+    rowptr: Tensor
+    col: Tensor
+    a: Tensor
+    b: Tensor
+    c: Tensor
+    e_feat: Optional[Tensor]
+    bias: Optional[Tensor]
+
+    def floats(self):
+        values = (self.a, self.b, self.c, self.e_feat, self.bias)
+        names = self.op.names + ("e_feat", "bias")
+        return {n: t for n, t in zip(names, values, strict=True) if t is not None}
+
+    def replace(self, **named):
+        """_replace by the op's own names (x_l, key, ...)."""
+        slots = dict(zip(self.op.names, ("a", "b", "c"), strict=True))
+        return self._replace(**{slots.get(n, n): t for n, t in named.items()})
+
+
+class Op(NamedTuple):
+    name: str
+    names: Tuple[str, str, str]     # the feature tensors, in the op's argument order
+    on_source: Tuple[bool, bool, bool]  # which of them have a row per source (else per
+    #                                     destination; GATv2's att has H rows: None)
+    wrapper: Callable               # pyg_multihead_agg.<op>(rowptr, col, a, b, c, ...)
+    reference: Callable             # its float64 reference, same argument order
+    raw: Callable                   # the raw op's argument tuple (a, b, c, e_feat, factor)
+    source: str                     # a per-source tensor (for the NaN test, unaligned views)
+    factor: float                   # the op's float argument (negative_slope / scale)
+    devices: list
+
+    def __repr__(self):
+        return self.name
+
+
+def _cuda(*marks):
+    return pytest.param("cuda", id="cuda", marks=[*marks, pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA GPU")])
+
+
+GATV2 = Op("gatv2", ("x_l", "x_r", "att"), (True, False, None), pma.gatv2_attention,
+           reference_gatv2_attention, lambda a, b, c, e, f: (a, b, e, c, f), "x_l", 0.2,
+           ["cpu", _cuda()])
+TRANSFORMER = Op("transformer", ("query", "key", "value"), (False, True, True),
+                 pma.transformer_attention, reference_transformer_attention,
+                 lambda a, b, c, e, f: (a, b, c, e, f), "key", 0.3, ["cpu"])  # CPU kernels
+OPS = [GATV2, TRANSFORMER]
+# (op, device) pairs: the devices each op has kernels on.
+OP_DEVICES = [pytest.param(op, d.values[0] if hasattr(d, "values") else d,
+                           id=f"{op.name}-{d.id if hasattr(d, 'id') else d}",
+                           marks=d.marks if hasattr(d, "marks") else ())
+              for op in OPS for d in op.devices]
+
+
+def make_inputs(op: Op, case, dtype=torch.float32, index_dtype=torch.int64, device="cpu", seed=0,
+                with_edge=True, with_bias=False):
+    num_dst, num_src, num_edges, heads, channels, hub = case
+    gen = torch.Generator().manual_seed(seed)
+    rowptr, col = random_csr(num_dst, num_src, num_edges, index_dtype=index_dtype,
+                             device=device, hub=hub, generator=gen)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(device, dtype)
+
+    feats = [rand(heads, channels) if s is None else
+             rand(num_src if s else num_dst, heads, channels) for s in op.on_source]
+    e_feat = rand(col.numel(), heads, channels) if with_edge else None
+    bias = rand(heads, channels) if with_bias else None
+    return Inputs(op, rowptr, col, *feats, e_feat, bias)
+
+
+def run_op(inp: Inputs, **kw):
+    return inp.op.wrapper(inp.rowptr, inp.col, inp.a, inp.b, inp.c, e_feat=inp.e_feat,
+                          bias=inp.bias, **kw)
+
+
+def reference(inp: Inputs, leaves=None, **kw):
+    f = leaves if leaves is not None else inp.floats()
+    a, b, c = (f[n] for n in inp.op.names)
+    kw = {k: v for k, v in kw.items() if k not in _OP_ONLY}
+    return inp.op.reference(inp.rowptr, inp.col, a, b, c, f.get("e_feat"), bias=f.get("bias"),
+                            **kw)
+
+
+def refused_on_cuda(inp: Inputs, dtype) -> bool:
+    """GATv2 on CUDA: whether its kernels refuse this head shape (more than 32
+    vectors a head, or rows over 128 vectors); then a clear error, and True."""
+    heads, channels = inp.a.shape[1:]
+    if (inp.op is not GATV2 or inp.a.device.type != "cuda"
+            or fused_head_supported(heads, channels, dtype)):
+        return False
+    with pytest.raises(RuntimeError, match="the CUDA kernel supports heads of at most"):
+        run_op(inp)
+    return True
+
+
+def check_forward(inp: Inputs, dtype, **kw):
+    if refused_on_cuda(inp, dtype):
+        return
+    out, lse = run_op(inp, **kw)
+    ref_out, ref_lse = reference(inp, **kw)
+    assert out.dtype == dtype and lse.dtype == lse_dtype(dtype)
+    assert rel_error(out, ref_out) <= TOLERANCE[dtype]
+    assert_lse_close(lse, ref_lse, dtype)
+
+
+def _grads(outs_and_grads, inputs):
+    outs = [o for o, _ in outs_and_grads]
+    grads = [g for _, g in outs_and_grads]
+    return torch.autograd.grad(outs, inputs, grads, allow_unused=True)
+
+
+def check_backward(inp: Inputs, dtype, through=("out", "lse"), **kw):
+    """Every gradient of <g, out> + <g_lse, lse> against the reference's."""
+    if refused_on_cuda(inp, dtype):
+        return
+    floats = {n: t.detach().requires_grad_() for n, t in inp.floats().items()}
+    inp = inp.replace(**floats)
+    out, lse = run_op(inp, **kw)
+    gen = torch.Generator().manual_seed(1)
+    g_out = torch.randn(out.shape, generator=gen).to(out.device, out.dtype)
+    g_lse = torch.randn(lse.shape, generator=gen).to(lse.device, lse.dtype)
+    g_lse = torch.where(torch.isfinite(lse), g_lse, torch.zeros_like(g_lse))
+    pairs = {"out": (out, g_out), "lse": (lse, g_lse)}
+    got = _grads([pairs[t] for t in through], list(floats.values()))
+
+    leaves = {n: t.detach().cpu().double().requires_grad_() for n, t in floats.items()}
+    ref_out, ref_lse = reference(inp, leaves, **kw)
+    ref_lse = torch.where(torch.isfinite(ref_lse), ref_lse, torch.zeros_like(ref_lse))
+    ref_pairs = {"out": (ref_out, g_out.cpu().double()), "lse": (ref_lse, g_lse.cpu().double())}
+    want = _grads([ref_pairs[t] for t in through], list(leaves.values()))
+    for name, g, r, t in zip(floats, got, want, leaves.values(), strict=True):
+        g = torch.zeros_like(floats[name]) if g is None else g
+        r = torch.zeros_like(t) if r is None else r
+        assert g.dtype == dtype and g.shape == floats[name].shape, name
+        # bias and the transformer's value: sums of grad_out, an output's tolerance
+        factor = 1 if name in ("bias", "value") else SCORE_GRAD_FACTOR[dtype]
+        if name == "att" and dtype in (torch.float16, torch.bfloat16):
+            factor *= 4  # a sum over every edge of rounded inputs
+        tol = factor * TOLERANCE[dtype]
+        err = rel_error(g, r)
+        assert err <= tol, f"grad {name}: relative error {err:.3g} > {tol:.3g}"
+
+
+@pytest.mark.parametrize("op,device", OP_DEVICES)
+@pytest.mark.parametrize("dropout", [0.0, 0.5], ids=["p0", "p0.5"])
+@pytest.mark.parametrize("with_edge", [False, True], ids=["no_edge", "e_feat"])
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_forward_matches_reference(case, dtype, index_dtype, with_edge, dropout, op, device):
+    num_dst, _, _, heads, channels, _ = case
+    poison((num_dst, heads, channels), dtype, device)
+    poison((num_dst, heads), lse_dtype(dtype), device)
+    inp = make_inputs(op, case, dtype, index_dtype, device, with_edge=with_edge)
+    check_forward(inp, dtype, dropout=dropout, philox=PHILOX)
+
+
+@pytest.mark.parametrize("op,device", OP_DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_forward_with_bias_matches_reference(case, dtype, op, device):
+    inp = make_inputs(op, case, dtype, device=device, with_bias=True)
+    check_forward(inp, dtype, dropout=0.3, philox=PHILOX)
+
+
+@pytest.mark.parametrize("op,device", OP_DEVICES)
+@pytest.mark.parametrize("with_csc,perm_inv", [(True, True), (True, False), (False, False)],
+                         ids=["csc_perm_inv", "csc", "no_csc"])
+@pytest.mark.parametrize("with_edge,with_bias,dropout", [(True, True, 0.0), (False, False, 0.5),
+                                                         (True, False, 0.5)],
+                         ids=["edge_bias", "dropout", "edge_dropout"])
+@pytest.mark.parametrize("dtype,index_dtype", [(torch.float64, torch.int64),
+                                               (torch.float32, torch.int32),
+                                               (torch.bfloat16, torch.int64),
+                                               (torch.float16, torch.int32)],
+                         ids=["f64-i64", "f32-i32", "bf16-i64", "f16-i32"])
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_backward_matches_reference(case, dtype, index_dtype, with_edge, with_bias, dropout,
+                                    with_csc, perm_inv, op, device):
+    num_dst, num_src, _, heads, channels, _ = case
+    inp = make_inputs(op, case, dtype, index_dtype, device, with_edge=with_edge,
+                      with_bias=with_bias)
+    csc = csr_to_csc(inp.rowptr, inp.col, num_src) if with_csc else None
+    inv = invert_perm(csc[2]) if perm_inv else None
+    poison((num_src, heads, channels), dtype, device)  # for the per-source gradients
+    poison((num_dst, heads, channels), dtype, device)  # for the per-destination ones
+    check_backward(inp, dtype, dropout=dropout, philox=PHILOX, csc=csc, perm_inv=inv)
+
+
+@pytest.mark.parametrize("op,device", OP_DEVICES)
+@pytest.mark.parametrize("through", [("out",), ("lse",)], ids=["out", "lse"])
+def test_backward_through_one_output(through, op, device):
+    inp = make_inputs(op, CASES[4], torch.float64, device=device)
+    check_backward(inp, torch.float64, through=through)
+
+
+@pytest.mark.parametrize("op,device", OP_DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=dtype_id)
+@pytest.mark.parametrize("heads,channels", [(1, 7), (8, 8), (4, 32), (3, 48), (2, 100), (1, 1),
+                                            (4, 64), (16, 8), (1, 256)])
+def test_heads_and_channels(heads, channels, dtype, op, device):
+    """Heads of every width: for GATv2's CUDA kernels whole vectors, padded
+    lanes (48: 12 vectors on 16 lanes), channels off the vector width (padded
+    copies), one and several vectors per lane, and heads too wide for one
+    group (256 float32 channels: a clear error)."""
+    case = (40, 30, 300, heads, channels, True)
+    inp = make_inputs(op, case, dtype, device=device, with_bias=True)
+    check_forward(inp, dtype, dropout=0.2, philox=PHILOX)
+    check_backward(inp, dtype, dropout=0.2, philox=PHILOX,
+                   csc=csr_to_csc(inp.rowptr, inp.col, case[1]))
+
+
+@pytest.mark.parametrize("op,device", OP_DEVICES)
+def test_non_contiguous_and_unaligned_inputs(op, device):
+    """Views: a per-source tensor sliced from a wider one (unaligned rows), the
+    third tensor a permuted view."""
+    inp = make_inputs(op, CASES[0], torch.float32, device=device)
+    src = getattr(inp, "abc"[op.names.index(op.source)])
+    wide = torch.randn(src.size(0), src.size(1), src.size(2) + 1, device=device)
+    c = torch.randn(*reversed(inp.c.shape), device=device).permute(*reversed(range(inp.c.dim())))
+    inp = inp.replace(**{op.source: wide[..., 1:], op.names[2]: c})
+    check_forward(inp, torch.float32)
+    check_backward(inp, torch.float32)
+
+
+@pytest.mark.parametrize("op,device", OP_DEVICES)
+def test_deterministic(op, device):
+    """Two runs: bitwise the same outputs and gradients (no atomics)."""
+    inp = make_inputs(op, CASES[4], torch.float32, device=device, with_bias=True)
+    csc = csr_to_csc(inp.rowptr, inp.col, CASES[4][1])
+    results = []
+    for _ in range(2):
+        floats = {n: t.detach().requires_grad_() for n, t in inp.floats().items()}
+        out, lse = run_op(inp.replace(**floats), dropout=0.3, philox=PHILOX, csc=csc)
+        grads = torch.autograd.grad((out * out).sum() + lse.nan_to_num(0, 0, 0).sum(),
+                                    list(floats.values()))
+        results.append((out, lse) + grads)
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("op,device", OP_DEVICES)
+def test_dropout_extremes(op, device):
+    inp = make_inputs(op, CASES[0], torch.float64, device=device, with_bias=True)
+    out, _ = run_op(inp, dropout=1.0, philox=PHILOX)
+    assert torch.equal(out, inp.bias.expand_as(out))  # nothing kept: only the bias
+    check_forward(inp, torch.float64, dropout=1e-12, philox=PHILOX)
+
+
+@pytest.mark.parametrize("op", OPS, ids=repr)
+def test_dropout_draws_a_fresh_key(op):
+    inp = make_inputs(op, CASES[0], torch.float64)
+    torch.manual_seed(0)
+    a, _ = run_op(inp, dropout=0.5)
+    b, _ = run_op(inp, dropout=0.5)
+    torch.manual_seed(0)
+    c, _ = run_op(inp, dropout=0.5)
+    assert not torch.equal(a, b) and torch.equal(a, c)
+
+
+@pytest.mark.parametrize("op,device", OP_DEVICES)
+def test_nonfinite_inputs_propagate(op, device):
+    """A NaN in one source row: NaN in the rows that read it, nothing else."""
+    case = (20, 20, 80, 2, 8, False)
+    inp = make_inputs(op, case, torch.float32, device=device)
+    src = inp.floats()[op.source].clone()
+    src[3, 0, 0] = float("nan")
+    out, lse = run_op(inp.replace(**{op.source: src}))
+    rows = torch.repeat_interleave(torch.arange(case[0], device=device),
+                                   inp.rowptr.long().diff())
+    hit = torch.zeros(case[0], dtype=torch.bool, device=device)
+    hit[rows[inp.col.long() == 3]] = True
+    assert torch.isnan(lse[hit, 0]).all() and torch.isnan(out[hit, 0]).all()
+    assert not torch.isnan(out[~hit]).any() and not torch.isnan(lse[~hit]).any()
+
+
+# ---------------------------------------------------------------------------
+# gradcheck, opcheck, torch.compile, autocast
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op,device", OP_DEVICES)
+@pytest.mark.parametrize("with_csc", [True, False], ids=["csc", "no_csc"])
+@pytest.mark.parametrize("dropout", [0.0, 0.3], ids=["p0", "p0.3"])
+def test_gradcheck(dropout, with_csc, op, device):
+    case = (6, 5, 16, 2, 3, False)
+    inp = make_inputs(op, case, torch.float64, device=device, with_bias=True)
+    csc = csr_to_csc(inp.rowptr, inp.col, case[1]) if with_csc else None
+    leaves = [t.detach().requires_grad_() for t in inp.floats().values()]
+
+    def f(a, b, c, e_feat, bias):
+        out, lse = op.wrapper(inp.rowptr, inp.col, a, b, c, e_feat=e_feat, bias=bias,
+                              dropout=dropout, philox=PHILOX, csc=csc)
+        return out, torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+
+    assert torch.autograd.gradcheck(f, leaves, eps=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("op,device", OP_DEVICES)
+@pytest.mark.parametrize("dtype,index_dtype", [(torch.float32, torch.int32),
+                                               (torch.float64, torch.int64)],
+                         ids=["f32-i32", "f64-i64"])
+def test_opcheck(dtype, index_dtype, op, device):
+    inp = make_inputs(op, CASES[0], dtype, index_dtype, device, with_bias=True)
+    colptr, row, perm = csr_to_csc(inp.rowptr, inp.col, CASES[0][1])
+    inv = invert_perm(perm)
+    forward = getattr(ops, f"{op.name}_attention")
+    backward = getattr(ops, f"{op.name}_attention_backward")
+    feats = op.raw(inp.a, inp.b, inp.c, inp.e_feat, op.factor)
+    fwd = (inp.rowptr, inp.col, *feats, 0.3, PHILOX, colptr, row, perm, inp.bias, inv)
+    out, lse = forward(*fwd)
+    bwd = (inp.rowptr, inp.col, colptr, row, perm, *feats[:4], out, lse, torch.randn_like(out),
+           torch.randn_like(lse), op.factor, 0.3, PHILOX, inp.bias, inv)
+    grad_fwd = tuple(t.detach().requires_grad_() if isinstance(t, Tensor) and t.is_floating_point()
+                     else t for t in fwd)
+    torch.library.opcheck(forward, fwd)
+    torch.library.opcheck(forward, grad_fwd)
+    torch.library.opcheck(backward, bwd)
+
+
+@pytest.mark.parametrize("op,device", OP_DEVICES)
+def test_compile_fullgraph(op, device):
+    """The op traces without graph breaks, and the compiled forward and
+    backward equal eager's."""
+    inp = make_inputs(op, CASES[0], torch.float32, device=device, with_bias=True)
+    csc = csr_to_csc(inp.rowptr, inp.col, CASES[0][1])
+
+    def step(a, b, c, e_feat, bias):
+        out, lse = op.wrapper(inp.rowptr, inp.col, a, b, c, e_feat=e_feat, bias=bias, csc=csc)
+        return (out * out).sum() + lse.sum()
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    results = []
+    for fn in (step, compiled):
+        leaves = [t.detach().requires_grad_() for t in inp.floats().values()]
+        loss = fn(*leaves)
+        results.append([loss] + list(torch.autograd.grad(loss, leaves)))
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("op,device", OP_DEVICES)
+def test_autocast_casts_every_input(op, device):
+    dtype = torch.bfloat16
+    inp = make_inputs(op, CASES[0], torch.float32, device=device, with_bias=True)
+    # as from a Linear under autocast; the others float32
+    low = inp.replace(**{op.source: inp.floats()[op.source].to(dtype)})
+    with torch.autocast(device, dtype=dtype):
+        out, lse = run_op(low)
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    ref, _ = run_op(inp.replace(**{n: t.to(dtype) for n, t in inp.floats().items()}))
+    assert torch.equal(out, ref)
+
+
+# ---------------------------------------------------------------------------
+# Bad input
+# ---------------------------------------------------------------------------
+
+BAD = [
+    (GATV2, "x_r", lambda i: i.replace(x_r=i.b[:-1]), "x_r must have shape"),
+    (GATV2, "att", lambda i: i.replace(att=i.c[:, :-1]), "att must have shape"),
+    (GATV2, "x_l_dim", lambda i: i.replace(x_l=i.a[0]), "x_l must have 3 dimensions"),
+    (TRANSFORMER, "query", lambda i: i.replace(query=i.a[:-1]), "query must have shape"),
+    (TRANSFORMER, "value", lambda i: i.replace(value=i.c[:, :, :-1]),
+     "value must have the shape of key"),
+    (TRANSFORMER, "key_dim", lambda i: i.replace(key=i.b[0]), "key must have 3 dimensions"),
+] + [(op, name, mutate, match) for op in OPS for name, mutate, match in (
+    ("e_feat", lambda i: i._replace(e_feat=i.e_feat[:-1]), "e_feat must have shape"),
+    ("dtype", lambda i: i._replace(b=i.b.double()), "must have the same dtype"),
+    ("bias", lambda i: i._replace(bias=i.e_feat[0, :, :-1]), "bias must have shape"),
+)]
+
+
+@pytest.mark.parametrize("op,device,mutate,match", [
+    pytest.param(op, device.values[0], mutate, match, id=f"{op.name}-{name}-{device.id}",
+                 marks=device.marks) if hasattr(device, "values") else
+    pytest.param(op, device, mutate, match, id=f"{op.name}-{name}-{device}")
+    for op, name, mutate, match in BAD for device in op.devices])
+def test_bad_input_raises(op, device, mutate, match):
+    inp = mutate(make_inputs(op, CASES[0], torch.float32, device=device, with_bias=True))
+    with pytest.raises(RuntimeError, match=match):
+        run_op(inp)
+
+
+@pytest.mark.parametrize("op,device", OP_DEVICES)
+def test_out_of_range_col_raises_with_validate(op, device):
+    inp = make_inputs(op, CASES[0], torch.float32, device=device)
+    col = inp.col.clone()
+    col[5] = inp.floats()[op.source].size(0)
+    with pytest.raises(ValueError, match="col"):
+        run_op(inp._replace(col=col), validate=True)
+    if device == "cpu":  # the CPU kernel checks every index itself
+        with pytest.raises((IndexError, RuntimeError), match="col"):
+            run_op(inp._replace(col=col))
+
+
+@pytest.mark.parametrize("op", OPS, ids=repr)
+def test_dropout_needs_philox_in_the_raw_op(op):
+    inp = make_inputs(op, CASES[0], torch.float32)
+    forward = getattr(ops, f"{op.name}_attention")
+    feats = op.raw(inp.a, inp.b, inp.c, None, op.factor)
+    with pytest.raises(RuntimeError, match="philox"):
+        forward(inp.rowptr, inp.col, *feats, 0.5, None)
+
+
+# ---------------------------------------------------------------------------
+# Each op's own argument
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", GATV2.devices)
+@pytest.mark.parametrize("negative_slope", [0.0, 0.2, 1.0, 3.0])
+def test_gatv2_negative_slope(negative_slope, device):
+    inp = make_inputs(GATV2, CASES[0], torch.float64, device=device)
+    check_forward(inp, torch.float64, negative_slope=negative_slope)
+    check_backward(inp, torch.float64, negative_slope=negative_slope)
+
+
+@pytest.mark.parametrize("device", TRANSFORMER.devices)
+@pytest.mark.parametrize("scale", [None, 0.0, 1.0, 3.0])
+def test_transformer_scale(scale, device):
+    inp = make_inputs(TRANSFORMER, CASES[0], torch.float64, device=device)
+    check_forward(inp, torch.float64, scale=scale)
+    check_backward(inp, torch.float64, scale=scale)
