@@ -376,24 +376,34 @@ def _lse_dtype(x: Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
+def _attention_outputs(rowptr: Tensor, x: Tensor) -> Tuple[Tensor, Tensor]:
+    """The forward outputs of an attention op: out [N_dst, H, D] like x, lse
+    [N_dst, H] in float32 (float64 for float64)."""
+    num_dst = rowptr.size(0) - 1
+    return (x.new_empty(num_dst, x.size(1), x.size(2)),
+            x.new_empty(num_dst, x.size(1), dtype=_lse_dtype(x)))
+
+
+def _check_backward_graph(col, colptr, row, perm, perm_inv, out, grad_out) -> None:
+    """The CSC, perm_inv and grad_out of an attention op's backward."""
+    _check_compressed(colptr, "colptr", row, "row")
+    _check_index(perm, "perm")
+    _check_perm_inv(perm_inv, perm, col.size(0))
+    torch._check(grad_out.shape == out.shape, lambda: "grad_out must have the shape of out")
+
+
 @torch.library.register_fake("pyg_multihead_agg::gat_attention")
 def _(rowptr, col, s_src, s_dst, s_edge, x, negative_slope, dropout_p, philox, colptr=None,
       row=None, perm=None, bias=None, perm_inv=None):
     _check_gat(rowptr, col, s_src, s_dst, s_edge, x, dropout_p, philox, bias)
-    num_dst = rowptr.size(0) - 1
-    out = x.new_empty(num_dst, x.size(1), x.size(2))
-    lse = x.new_empty(num_dst, x.size(1), dtype=_lse_dtype(x))
-    return out, lse
+    return _attention_outputs(rowptr, x)
 
 
 @torch.library.register_fake("pyg_multihead_agg::gat_attention_backward")
 def _(rowptr, col, colptr, row, perm, s_src, s_dst, s_edge, x, out, lse, grad_out, grad_lse,
       negative_slope, dropout_p, philox, bias=None, perm_inv=None):
     _check_gat(rowptr, col, s_src, s_dst, s_edge, x, dropout_p, philox, bias)
-    _check_compressed(colptr, "colptr", row, "row")
-    _check_index(perm, "perm")
-    _check_perm_inv(perm_inv, perm, col.size(0))
-    torch._check(grad_out.shape == out.shape, lambda: "grad_out must have the shape of out")
+    _check_backward_graph(col, colptr, row, perm, perm_inv, out, grad_out)
     num_edges = col.size(0) if s_edge is not None else 0
     return (torch.empty_like(x), torch.empty_like(s_src), torch.empty_like(s_dst),
             x.new_empty(num_edges, x.size(1)))
@@ -566,20 +576,14 @@ def _check_gatv2(rowptr, col, x_l, x_r, e_feat, att, dropout_p, philox, bias=Non
 def _(rowptr, col, x_l, x_r, e_feat, att, negative_slope, dropout_p, philox, colptr=None,
       row=None, perm=None, bias=None, perm_inv=None):
     _check_gatv2(rowptr, col, x_l, x_r, e_feat, att, dropout_p, philox, bias)
-    num_dst = rowptr.size(0) - 1
-    out = x_l.new_empty(num_dst, x_l.size(1), x_l.size(2))
-    lse = x_l.new_empty(num_dst, x_l.size(1), dtype=_lse_dtype(x_l))
-    return out, lse
+    return _attention_outputs(rowptr, x_l)
 
 
 @torch.library.register_fake("pyg_multihead_agg::gatv2_attention_backward")
 def _(rowptr, col, colptr, row, perm, x_l, x_r, e_feat, att, out, lse, grad_out, grad_lse,
       negative_slope, dropout_p, philox, bias=None, perm_inv=None):
     _check_gatv2(rowptr, col, x_l, x_r, e_feat, att, dropout_p, philox, bias)
-    _check_compressed(colptr, "colptr", row, "row")
-    _check_index(perm, "perm")
-    _check_perm_inv(perm_inv, perm, col.size(0))
-    torch._check(grad_out.shape == out.shape, lambda: "grad_out must have the shape of out")
+    _check_backward_graph(col, colptr, row, perm, perm_inv, out, grad_out)
     num_edges = col.size(0) if e_feat is not None else 0
     return (torch.empty_like(x_l), torch.empty_like(x_r), torch.empty_like(att),
             x_l.new_empty(num_edges, x_l.size(1), x_l.size(2)))
@@ -672,20 +676,14 @@ def _check_transformer(rowptr, col, query, key, value, e_feat, dropout_p, philox
 def _(rowptr, col, query, key, value, e_feat, scale, dropout_p, philox, colptr=None, row=None,
       perm=None, bias=None, perm_inv=None):
     _check_transformer(rowptr, col, query, key, value, e_feat, dropout_p, philox, bias)
-    num_dst = rowptr.size(0) - 1
-    out = key.new_empty(num_dst, key.size(1), key.size(2))
-    lse = key.new_empty(num_dst, key.size(1), dtype=_lse_dtype(key))
-    return out, lse
+    return _attention_outputs(rowptr, key)
 
 
 @torch.library.register_fake("pyg_multihead_agg::transformer_attention_backward")
 def _(rowptr, col, colptr, row, perm, query, key, value, e_feat, out, lse, grad_out, grad_lse,
       scale, dropout_p, philox, bias=None, perm_inv=None):
     _check_transformer(rowptr, col, query, key, value, e_feat, dropout_p, philox, bias)
-    _check_compressed(colptr, "colptr", row, "row")
-    _check_index(perm, "perm")
-    _check_perm_inv(perm_inv, perm, col.size(0))
-    torch._check(grad_out.shape == out.shape, lambda: "grad_out must have the shape of out")
+    _check_backward_graph(col, colptr, row, perm, perm_inv, out, grad_out)
     num_edges = col.size(0) if e_feat is not None else 0
     return (torch.empty_like(query), torch.empty_like(key), torch.empty_like(value),
             key.new_empty(num_edges, key.size(1), key.size(2)))
