@@ -1,7 +1,8 @@
 // What the CPU kernels of the fused attention operators (gat_attention.cpp,
 // gatv2_attention.cpp, transformer_attention.cpp) share: the dropout state,
-// leaky_relu, the online-softmax forward of the per-channel scores, and the
-// per-destination delta of the backward.
+// leaky_relu, the online-softmax forward and the CSC source pass of the
+// ops whose score reads the gathered rows, and the per-destination delta of
+// the backward.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -121,6 +122,68 @@ void online_softmax_rows(const index_t* rp, const index_t* cp, int64_t N_dst, in
         store_row(o + h * width, acc.data() + h * width, acc_t(1) / sum[h], bias + h * width,
                   int64_t(width));
       }
+    }
+  });
+}
+
+// The CSC source pass of the same ops' backward: sources in parallel, each
+// source's CSC entries (i = row[k], e = perm[k]) in order, all heads of an
+// entry together, the attention recomputed from lse and the dropout mask
+// redrawn. The pass owns the order, the checks, the mask and the logit
+// gradient grad_l = alpha * (m * dot - delta + grad_lse), stored by edge id
+// into grad_l_out [E, H]; the op supplies, for the head whose features start
+// at f = h * width:
+//   logit(scratch, j, i, e, f):     the logit (scratch: acc_t [scratch_size],
+//                                   this thread's, kept for accumulate)
+//   value_dot(j, i, e, f):          <grad_out[i, h], the edge's aggregated row>
+//   accumulate(acc, scratch, j, i, e, f, keep, w, grad_l):
+//                                   the entry's share of the source's
+//                                   accumulators acc (acc_t [num_acc * H *
+//                                   width], zeroed per source); w = alpha / (1
+//                                   - p) when kept
+//   finish(j, acc):                 the source's results from acc.
+template <typename acc_t, typename scalar_t, typename index_t, typename Width, typename Logit,
+          typename ValueDot, typename Accumulate, typename Finish>
+void csc_source_pass(const index_t* ccp, const index_t* rwp, const index_t* pp, int64_t N_src,
+                     int64_t N_dst, int64_t E, int64_t H, Width width, const scalar_t* grad_out,
+                     const acc_t* lse, const acc_t* delta, const acc_t* grad_lse,
+                     const Dropout& dropout, bool has_dropout, acc_t* grad_l_out,
+                     int64_t num_acc, int64_t scratch_size, Logit&& logit, ValueDot&& value_dot,
+                     Accumulate&& accumulate, Finish&& finish) {
+  const int64_t HD = H * width;
+  const acc_t keep_scale = static_cast<acc_t>(dropout.keep_scale);
+  const DropoutRng rng = dropout.rng;
+  parallel_rows(ccp, N_src, [&](int64_t begin, int64_t end) CPU_KERNEL_INLINE_LAMBDA {
+    std::vector<acc_t> acc(num_acc * HD), scratch(scratch_size);
+    for (int64_t j = begin; j < end; ++j) {
+      std::fill(acc.begin(), acc.end(), acc_t(0));
+      const index_t lo = ccp[j], hi = ccp[j + 1];
+      check_range(lo, hi, E, "colptr", j);
+      for (int64_t k = lo; k < hi; ++k) {
+        const index_t i = rwp[k], e = pp[k];
+        check_index_value(i, N_dst, "row", k);
+        check_index_value(e, E, "perm", k);
+        prefetch_source(grad_out, rwp, k, E, N_dst, HD);
+        unsigned kept = 0xFu;  // dropout bits of heads h .. h + 3 (one Philox call)
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t f = h * width, ih = static_cast<int64_t>(i) * H + h;
+          const acc_t l = logit(scratch, j, static_cast<int64_t>(i), static_cast<int64_t>(e), f);
+          const acc_t alpha = std::exp(l - lse[ih]);
+          if (has_dropout && (h & 3) == 0) kept = rng.keep4(e, h >> 2);
+          const bool keep = (kept >> (h & 3)) & 1u;
+          // m * dot; 0 for a dropped element (whose dot is not needed)
+          const acc_t m_dot =
+              keep ? keep_scale * value_dot(j, static_cast<int64_t>(i), static_cast<int64_t>(e), f)
+                   : acc_t(0);
+          acc_t grad_l = m_dot - delta[ih];
+          if (grad_lse != nullptr) grad_l += grad_lse[ih];
+          grad_l *= alpha;
+          grad_l_out[static_cast<int64_t>(e) * H + h] = grad_l;
+          accumulate(acc.data(), scratch, j, static_cast<int64_t>(i), static_cast<int64_t>(e), f,
+                     keep, alpha * keep_scale, grad_l);
+        }
+      }
+      finish(j, acc.data());
     }
   });
 }

@@ -172,8 +172,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_attention_backw
       scalar_t* gxrp = grad_xr.data_ptr<scalar_t>();
       scalar_t* gefp = has_edge ? grad_ef.data_ptr<scalar_t>() : nullptr;
       const acc_t slope = static_cast<acc_t>(negative_slope);
-      const acc_t keep_scale = static_cast<acc_t>(dropout.keep_scale);
-      const DropoutRng rng = dropout.rng;
       const bool has_dropout = dropout_p > 0.0;
       cpu::check_ends(rp, N_dst, E, "rowptr", "col");
       cpu::check_ends(ccp, N_src, E, "colptr", "row");
@@ -182,56 +180,39 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_attention_backw
       cpu::row_deltas(rp, cp, N_dst, N_src, E, H, D, gop, outp, bp, dp);
 
       cpu::with_width(D, [&](auto width) {
-        // 2. Sources over the CSC: grad_x_l, grad_e_feat, the logit
-        // gradients and the source's share of grad_att.
-        cpu::parallel_rows(ccp, N_src, [&](int64_t begin, int64_t end) CPU_KERNEL_INLINE_LAMBDA {
-          std::vector<acc_t> acc_x(HD), acc_a(HD), xr(width), z(width);
-          for (int64_t j = begin; j < end; ++j) {
-            std::fill(acc_x.begin(), acc_x.end(), acc_t(0));
-            std::fill(acc_a.begin(), acc_a.end(), acc_t(0));
-            const index_t lo = ccp[j], hi = ccp[j + 1];
-            cpu::check_range(lo, hi, E, "colptr", j);
-            const scalar_t* xj = xlp + j * HD;
-            for (int64_t k = lo; k < hi; ++k) {
-              const index_t i = rwp[k], e = pp[k];
-              cpu::check_index_value(i, N_dst, "row", k);
-              cpu::check_index_value(e, E, "perm", k);
-              cpu::prefetch_source(gop, rwp, k, E, N_dst, HD);
-              const scalar_t* g = gop + static_cast<int64_t>(i) * HD;
-              const scalar_t* xi = xrp + static_cast<int64_t>(i) * HD;
-              unsigned kept = 0xFu;  // dropout bits of heads h .. h + 3 (one Philox call)
-              for (int64_t h = 0; h < H; ++h) {
-                const int64_t f = h * width;
-                for (int64_t d = 0; d < width; ++d) xr[d] = static_cast<acc_t>(xi[f + d]);
-                const scalar_t* ef = efp != nullptr ? efp + static_cast<int64_t>(e) * HD + f : nullptr;
-                const acc_t l = gatv2_logit(xj + f, xr.data(), ef, ap + f, slope, z.data(), width);
-                const acc_t alpha = std::exp(l - lp[i * H + h]);
-                if (has_dropout && (h & 3) == 0) kept = rng.keep4(e, h >> 2);
-                acc_t m_dot = 0;  // m * dot; 0 for a dropped element
-                const scalar_t* gh = g + f;
-                if ((kept >> (h & 3)) & 1u) {
-                  cpu::axpy(acc_x.data() + f, alpha * keep_scale, gh, int64_t(width));
-                  m_dot = keep_scale * cpu::dot<acc_t>(gh, xj + f, int64_t(width));
-                }
-                acc_t grad_l = m_dot - dp[i * H + h];
-                if (glp != nullptr) grad_l += glp[i * H + h];
-                grad_l *= alpha;
-                glw[static_cast<int64_t>(e) * H + h] = grad_l;
-                scalar_t* gef = gefp != nullptr ? gefp + static_cast<int64_t>(e) * HD + f : nullptr;
-                for (int64_t d = 0; d < width; ++d) {
-                  const bool pos = z[d] > acc_t(0);
-                  const acc_t gz = grad_l * ap[f + d] * (pos ? acc_t(1) : slope);
-                  acc_x[f + d] += gz;
-                  acc_a[f + d] += grad_l * (pos ? z[d] : z[d] * slope);
-                  if (gef != nullptr) gef[d] = static_cast<scalar_t>(gz);
-                }
+        // 2. Sources over the CSC: grad_x_l (acc[0, HD)), grad_e_feat, the
+        // logit gradients and the source's share of grad_att (acc[HD, 2 HD)).
+        // scratch: x_r[i]'s head, then z.
+        cpu::csc_source_pass(
+            ccp, rwp, pp, N_src, N_dst, E, H, width, gop, lp, dp, glp, dropout, has_dropout, glw,
+            2, 2 * int64_t(width),
+            [&](std::vector<acc_t>& scratch, int64_t j, int64_t i, int64_t e, int64_t f)
+                CPU_KERNEL_INLINE_LAMBDA {
+              acc_t* xr = scratch.data();
+              for (int64_t d = 0; d < width; ++d) xr[d] = static_cast<acc_t>(xrp[i * HD + f + d]);
+              return gatv2_logit(xlp + j * HD + f, xr, efp != nullptr ? efp + e * HD + f : nullptr,
+                                 ap + f, slope, xr + int64_t(width), width);
+            },
+            [&](int64_t j, int64_t i, int64_t, int64_t f) CPU_KERNEL_INLINE_LAMBDA {
+              return cpu::dot<acc_t>(gop + i * HD + f, xlp + j * HD + f, int64_t(width));
+            },
+            [&](acc_t* acc, const std::vector<acc_t>& scratch, int64_t, int64_t i, int64_t e,
+                int64_t f, bool keep, acc_t w, acc_t grad_l) CPU_KERNEL_INLINE_LAMBDA {
+              const acc_t* z = scratch.data() + int64_t(width);
+              if (keep) cpu::axpy(acc + f, w, gop + i * HD + f, int64_t(width));
+              scalar_t* gef = gefp != nullptr ? gefp + e * HD + f : nullptr;
+              for (int64_t d = 0; d < width; ++d) {
+                const bool pos = z[d] > acc_t(0);
+                const acc_t gz = grad_l * ap[f + d] * (pos ? acc_t(1) : slope);
+                acc[f + d] += gz;
+                acc[HD + f + d] += grad_l * (pos ? z[d] : z[d] * slope);
+                if (gef != nullptr) gef[d] = static_cast<scalar_t>(gz);
               }
-            }
-            cpu::store_row(gxlp + j * HD, acc_x.data(), acc_t(1),
-                           static_cast<const acc_t*>(nullptr), HD);
-            std::copy(acc_a.begin(), acc_a.end(), partp + j * HD);
-          }
-        });
+            },
+            [&](int64_t j, const acc_t* acc) CPU_KERNEL_INLINE_LAMBDA {
+              cpu::store_row(gxlp + j * HD, acc, acc_t(1), static_cast<const acc_t*>(nullptr), HD);
+              std::copy(acc + HD, acc + 2 * HD, partp + j * HD);
+            });
 
         // 3. Destinations over the CSR: grad_x_r[i] = sum over the row of
         // grad_l * att * leaky_relu'(z).

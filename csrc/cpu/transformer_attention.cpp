@@ -164,8 +164,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> transformer_attention
       scalar_t* gvp = grad_v.data_ptr<scalar_t>();
       scalar_t* gefp = has_edge ? grad_ef.data_ptr<scalar_t>() : nullptr;
       const acc_t sc = static_cast<acc_t>(scale);
-      const acc_t keep_scale = static_cast<acc_t>(dropout.keep_scale);
-      const DropoutRng rng = dropout.rng;
       const bool has_dropout = dropout_p > 0.0;
       cpu::check_ends(rp, N_dst, E, "rowptr", "col");
       cpu::check_ends(ccp, N_src, E, "colptr", "row");
@@ -174,67 +172,47 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> transformer_attention
       cpu::row_deltas(rp, cp, N_dst, N_src, E, H, D, gop, outp, bp, dp);
 
       cpu::with_width(D, [&](auto width) {
-        // 2. Sources over the CSC: grad_key, grad_value, grad_e_feat and the
-        // logit gradients.
-        cpu::parallel_rows(ccp, N_src, [&](int64_t begin, int64_t end) CPU_KERNEL_INLINE_LAMBDA {
-          std::vector<acc_t> acc_k(HD), acc_v(HD), q(width), ve(width);
-          for (int64_t j = begin; j < end; ++j) {
-            std::fill(acc_k.begin(), acc_k.end(), acc_t(0));
-            std::fill(acc_v.begin(), acc_v.end(), acc_t(0));
-            const index_t lo = ccp[j], hi = ccp[j + 1];
-            cpu::check_range(lo, hi, E, "colptr", j);
-            const scalar_t* kj = kp + j * HD;
-            const scalar_t* vj = vp + j * HD;
-            for (int64_t k = lo; k < hi; ++k) {
-              const index_t i = rwp[k], e = pp[k];
-              cpu::check_index_value(i, N_dst, "row", k);
-              cpu::check_index_value(e, E, "perm", k);
-              cpu::prefetch_source(gop, rwp, k, E, N_dst, HD);
-              const scalar_t* g = gop + static_cast<int64_t>(i) * HD;
-              const scalar_t* qi = qp + static_cast<int64_t>(i) * HD;
-              const scalar_t* ee = efp != nullptr ? efp + static_cast<int64_t>(e) * HD : nullptr;
-              unsigned kept = 0xFu;  // dropout bits of heads h .. h + 3 (one Philox call)
-              for (int64_t h = 0; h < H; ++h) {
-                const int64_t f = h * width;
-                for (int64_t d = 0; d < width; ++d) q[d] = static_cast<acc_t>(qi[f + d]);
-                const acc_t l = sc * key_dot(q.data(), kj + f, ee != nullptr ? ee + f : nullptr,
-                                             width);
-                const acc_t alpha = std::exp(l - lp[i * H + h]);
-                if (has_dropout && (h & 3) == 0) kept = rng.keep4(e, h >> 2);
-                const bool keep = (kept >> (h & 3)) & 1u;
-                const scalar_t* gh = g + f;
-                // m * <grad_out[i], value[j] (+ e_feat[e])>; 0 for a dropped element
-                acc_t m_dot = 0;
-                if (keep) {
-                  for (int64_t d = 0; d < width; ++d) {
-                    ve[d] = static_cast<acc_t>(vj[f + d]);
-                    if (ee != nullptr) ve[d] += static_cast<acc_t>(ee[f + d]);
-                    m_dot += static_cast<acc_t>(gh[d]) * ve[d];
-                  }
-                  m_dot *= keep_scale;
-                }
-                acc_t grad_l = m_dot - dp[i * H + h];
-                if (glp != nullptr) grad_l += glp[i * H + h];
-                grad_l *= alpha;
-                glw[static_cast<int64_t>(e) * H + h] = grad_l;
-                const acc_t w = keep ? alpha * keep_scale : acc_t(0);
-                const acc_t gs = grad_l * sc;
-                scalar_t* gef = gefp != nullptr ? gefp + static_cast<int64_t>(e) * HD + f : nullptr;
-                for (int64_t d = 0; d < width; ++d) {
-                  const acc_t gk = gs * q[d];
-                  const acc_t gv = w * static_cast<acc_t>(gh[d]);
-                  acc_k[f + d] += gk;
-                  acc_v[f + d] += gv;
-                  if (gef != nullptr) gef[d] = static_cast<scalar_t>(gk + gv);
-                }
+        // 2. Sources over the CSC: grad_key (acc[0, HD)), grad_value
+        // (acc[HD, 2 HD)), grad_e_feat and the logit gradients. scratch:
+        // query[i]'s head.
+        cpu::csc_source_pass(
+            ccp, rwp, pp, N_src, N_dst, E, H, width, gop, lp, dp, glp, dropout, has_dropout, glw,
+            2, int64_t(width),
+            [&](std::vector<acc_t>& q, int64_t j, int64_t i, int64_t e, int64_t f)
+                CPU_KERNEL_INLINE_LAMBDA {
+              for (int64_t d = 0; d < width; ++d) q[d] = static_cast<acc_t>(qp[i * HD + f + d]);
+              return sc * key_dot(q.data(), kp + j * HD + f,
+                                  efp != nullptr ? efp + e * HD + f : nullptr, width);
+            },
+            [&](int64_t j, int64_t i, int64_t e, int64_t f) CPU_KERNEL_INLINE_LAMBDA {
+              // <grad_out[i], value[j] (+ e_feat[e])>
+              const scalar_t* gh = gop + i * HD + f;
+              acc_t dot = 0;
+              for (int64_t d = 0; d < width; ++d) {
+                acc_t ve = static_cast<acc_t>(vp[j * HD + f + d]);
+                if (efp != nullptr) ve += static_cast<acc_t>(efp[e * HD + f + d]);
+                dot += static_cast<acc_t>(gh[d]) * ve;
               }
-            }
-            cpu::store_row(gkp + j * HD, acc_k.data(), acc_t(1), static_cast<const acc_t*>(nullptr),
-                           HD);
-            cpu::store_row(gvp + j * HD, acc_v.data(), acc_t(1), static_cast<const acc_t*>(nullptr),
-                           HD);
-          }
-        });
+              return dot;
+            },
+            [&](acc_t* acc, const std::vector<acc_t>& q, int64_t, int64_t i, int64_t e, int64_t f,
+                bool keep, acc_t w, acc_t grad_l) CPU_KERNEL_INLINE_LAMBDA {
+              const scalar_t* gh = gop + i * HD + f;
+              const acc_t gs = grad_l * sc, wk = keep ? w : acc_t(0);
+              scalar_t* gef = gefp != nullptr ? gefp + e * HD + f : nullptr;
+              for (int64_t d = 0; d < width; ++d) {
+                const acc_t gk = gs * q[d];
+                const acc_t gv = wk * static_cast<acc_t>(gh[d]);
+                acc[f + d] += gk;
+                acc[HD + f + d] += gv;
+                if (gef != nullptr) gef[d] = static_cast<scalar_t>(gk + gv);
+              }
+            },
+            [&](int64_t j, const acc_t* acc) CPU_KERNEL_INLINE_LAMBDA {
+              cpu::store_row(gkp + j * HD, acc, acc_t(1), static_cast<const acc_t*>(nullptr), HD);
+              cpu::store_row(gvp + j * HD, acc + HD, acc_t(1), static_cast<const acc_t*>(nullptr),
+                             HD);
+            });
 
         // 3. Destinations over the CSR: grad_query[i] = scale * sum over the
         // row of grad_l * (key[j] (+ e_feat[e])).
