@@ -15,9 +15,9 @@ import pytest
 import torch
 import torch_geometric.nn
 from conftest import rel_error
-from test_gat_conv import KINDS, assert_matches, make_adj, op_events, same_structure, weights_of
+from test_gat_conv import KINDS, assert_matches, make_adj, same_structure, weights_of
 from test_gat_conv import make_graph as make_edges
-from test_gatv2_conv import OpCalls, _unwrap, count_builds, run
+from test_gatv2_conv import OpCalls, _unwrap, assert_compiled_matches_eager, count_builds, run
 from torch_geometric.explain.algorithm.utils import clear_masks, set_masks
 from torch_geometric.typing import WITH_TORCH_SPARSE, SparseTensor
 from torch_geometric.utils import to_torch_csc_tensor
@@ -523,26 +523,7 @@ def test_compile_fullgraph(kind, edge_dim, beta):
     if edge_dim is not None:
         kwargs.update(edge_dim=edge_dim)
     case = case_named("heads3")._replace(kwargs=kwargs, edge_dim=edge_dim)
-    edge_index, x_src, x_dst, edge_attr = make_graph(case, 12)
-    _, ours = make_layers(case, 12)
-    adj, perm = make_adj(kind, edge_index, case.num_src, case.num_dst)
-    if edge_attr is not None:
-        edge_attr = edge_attr[perm].float()
-    if kind in ("edge_index_sorted", "sparse_tensor"):
-        adj.fill_cache_()
-    x, x_dst = x_src.float(), x_dst.float()
-    eager_out, eager_grads = run(ours, case, adj, x, x_dst, edge_attr)
-    torch._dynamo.reset()
-    compiled = torch.compile(ours, backend="aot_eager", fullgraph=True)
-    events = op_events(lambda: run(compiled, case, adj, x, x_dst, edge_attr))
-    out, grads = run(compiled, case, adj, x, x_dst, edge_attr)
-    assert {FUSED_OP, FUSED_BACKWARD} <= events
-    assert rel_error(out, eager_out) <= 1e-5
-    for name, grad in eager_grads.items():
-        assert rel_error(grads[name], grad) <= 1e-5, name
-    with torch.no_grad():
-        out = compiled(x, adj, edge_attr)
-    assert rel_error(out, eager_out) <= 1e-5
+    assert_compiled_matches_eager(case, kind, make_graph, make_layers, (FUSED_OP, FUSED_BACKWARD))
 
 
 # Bad input: clear errors.
