@@ -579,9 +579,13 @@ def test_sparse_edge_attr_with_self_loops_raises(kind):
 def test_adjacency_size_mismatch_raises_like_pyg(kind):
     if kind == "sparse_tensor" and not WITH_TORCH_SPARSE:
         pytest.skip("needs torch_sparse")
-    case = case_named("heads1_no_loops")
-    edge_index, x_src, _, _ = make_graph(case, 10)
-    ref, ours = make_layers(case, 10)
+    assert_size_mismatch_like_pyg(case_named("heads1_no_loops"), kind, make_graph, make_layers)
+
+
+def assert_size_mismatch_like_pyg(case, kind, graph_of, layers_of):
+    """Fewer node features than the adjacency's size: PyG's error, word for word."""
+    edge_index, x_src, _, _ = graph_of(case, 10)
+    ref, ours = layers_of(case, 10)
     adj, _ = make_adj(kind, edge_index, case.num_src, case.num_dst)
     x = x_src[:-3].float()  # fewer nodes than the adjacency's size
     with pytest.raises(ValueError) as theirs:
@@ -594,9 +598,13 @@ def test_adjacency_size_mismatch_raises_like_pyg(kind):
 @pytest.mark.parametrize("fused", [True, False], ids=["fused_attention", "pyg_path"])
 @pytest.mark.parametrize("bad", ["source_too_large", "destination_negative"])
 def test_out_of_range_edge_index_raises_index_error(bad, fused):
-    case = case_named("heads3")
-    edge_index, x_src, _, _ = make_graph(case, 26)
-    _, ours = make_layers(case, 26)
+    assert_out_of_range_raises(case_named("heads3"), bad, fused, make_graph, make_layers)
+
+
+def assert_out_of_range_raises(case, bad, fused, graph_of, layers_of):
+    """An edge_index entry out of range: PyG's IndexError on either path."""
+    edge_index, x_src, _, _ = graph_of(case, 26)
+    _, ours = layers_of(case, 26)
     ours.fused_attention = fused
     row = 0 if bad.startswith("source") else 1
     edge_index = edge_index.clone()

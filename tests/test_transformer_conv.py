@@ -17,7 +17,15 @@ import torch_geometric.nn
 from conftest import rel_error
 from test_gat_conv import KINDS, assert_matches, make_adj, same_structure, weights_of
 from test_gat_conv import make_graph as make_edges
-from test_gatv2_conv import OpCalls, _unwrap, assert_compiled_matches_eager, count_builds, run
+from test_gatv2_conv import (
+    OpCalls,
+    _unwrap,
+    assert_compiled_matches_eager,
+    assert_out_of_range_raises,
+    assert_size_mismatch_like_pyg,
+    count_builds,
+    run,
+)
 from torch_geometric.explain.algorithm.utils import clear_masks, set_masks
 from torch_geometric.typing import WITH_TORCH_SPARSE, SparseTensor
 from torch_geometric.utils import to_torch_csc_tensor
@@ -567,31 +575,13 @@ def test_edge_attr_of_wrong_length_raises(kind):
 def test_adjacency_size_mismatch_raises_like_pyg(kind):
     if kind == "sparse_tensor" and not WITH_TORCH_SPARSE:
         pytest.skip("needs torch_sparse")
-    case = case_named("heads1")
-    edge_index, x_src, _, _ = make_graph(case, 10)
-    ref, ours = make_layers(case, 10)
-    adj, _ = make_adj(kind, edge_index, case.num_src, case.num_dst)
-    x = x_src[:-3].float()  # fewer nodes than the adjacency's size
-    with pytest.raises(ValueError) as theirs:
-        ref(x, adj)
-    with pytest.raises(ValueError) as mine:
-        ours(x, adj)
-    assert str(mine.value) == str(theirs.value)
+    assert_size_mismatch_like_pyg(case_named("heads1"), kind, make_graph, make_layers)
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused_attention", "pyg_path"])
 @pytest.mark.parametrize("bad", ["source_too_large", "destination_negative"])
 def test_out_of_range_edge_index_raises_index_error(bad, fused):
-    case = case_named("heads3")
-    edge_index, x_src, _, _ = make_graph(case, 26)
-    _, ours = make_layers(case, 26)
-    ours.fused_attention = fused
-    row = 0 if bad.startswith("source") else 1
-    edge_index = edge_index.clone()
-    edge_index[row, 5] = case.num_src + 3 if bad.endswith("large") else -2
-    name = "source" if row == 0 else "destination"
-    with pytest.raises(IndexError, match=rf"{name} row.*\[0, {case.num_src}\)"):
-        ours(x_src.float(), edge_index)
+    assert_out_of_range_raises(case_named("heads3"), bad, fused, make_graph, make_layers)
 
 
 # The layer as a PyG layer.
