@@ -6,7 +6,10 @@
 #   $OUT/tests.log  $OUT/run.log  $OUT/results.tar (probe outputs, logs)
 #   $OUT/reference/ (copies of the benchmarks' files; copy them into
 #                    benchmarks/reference/ when the run was on another machine)
-#   scripts/gpu_check.sh STEPS [pytest args; default: tests -m "not slow"]
+#   scripts/gpu_check.sh STEPS [pytest args; default: tests -m "cuda and not slow",
+#                               every CUDA kernel path, in about N minutes (README);
+#                               tests -m "cuda and not long": every combination,
+#                               when a kernel changes]
 # STEPS: a comma-separated list of tests, props (the property tests with the
 # larger "gpu" hypothesis profile), kernels (tools/bench_kernels.py), baseline
 # (with kernels: also time the tree in .device/baseline, see below), ncu
@@ -14,7 +17,9 @@
 # minibatch (if benchmarks/bench_minibatch.py exists), profile
 # (tools/profile_layer.py), sanitize, or "bench" (= ops,cora,layer,minibatch:
 # regenerates benchmarks/reference/) or "all" (= tests and bench).
-#   (env: STEP_LIMIT_* seconds per step, OPS_ARGS / LAYER_ARGS / MINIBATCH_ARGS,
+#   (env: STEP_LIMIT_* seconds per step, TEST_WORKERS (pytest-xdist processes
+#    for the tests step, if xdist is installed; 0: one process),
+#    OPS_ARGS / LAYER_ARGS / MINIBATCH_ARGS,
 #    BENCH_OUT (default benchmarks/reference), CORA_RUNS, SANITIZE_TOOLS)
 set -uo pipefail
 MODE="${1:-all}"; shift || true
@@ -23,7 +28,7 @@ case "$MODE" in
   bench) MODE=ops,cora,layer,minibatch;;
 esac
 has() { [[ ",$MODE," == *",$1,"* ]]; }
-if [ $# -eq 0 ]; then set -- tests -m "not slow"; fi
+if [ $# -eq 0 ]; then set -- tests -m "cuda and not slow"; fi
 OUT="${OUT:-$PWD/gpu_out}"; RES="$(mktemp -d)/results"; mkdir -p "$OUT" "$RES"
 BENCH_OUT="${BENCH_OUT:-$PWD/benchmarks/reference}"
 export PYTHONUNBUFFERED=1 MAX_JOBS="${MAX_JOBS:-16}" TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
@@ -69,9 +74,15 @@ grep -E "registers|spill" "$RES/build.log" | sort | uniq -c | sort -rn | head -5
 rc=0
 if has tests; then
   step tests
-  timeout "${STEP_LIMIT_TESTS:-240}" python3 -m pytest "$@" \
-    -q -rs -p no:cacheprovider --timeout 120 > "$OUT/tests.log" 2>&1 || rc=$?
+  workers=()
+  if [ "${TEST_WORKERS:-0}" != 0 ] && python3 -c "import xdist" 2> /dev/null; then
+    workers=(-n "$TEST_WORKERS")
+  fi
+  timeout "${STEP_LIMIT_TESTS:-240}" python3 -m pytest "$@" ${workers[@]+"${workers[@]}"} \
+    -q -rs -p no:cacheprovider --timeout 120 --junitxml "$RES/tests.xml" \
+    > "$OUT/tests.log" 2>&1 || rc=$?
   tail -15 "$OUT/tests.log" | tee -a "$LOG"
+  pack
 fi
 if has props; then
   step props

@@ -214,7 +214,7 @@ for name in "${TOOLS[@]}"; do
   read -r -a tests <<< "$(selection "$name")"
   start=$SECONDS
   timeout "$LIMIT" "$CS" "${args[@]}" python3 -m pytest -q -rs -p no:cacheprovider \
-    "${tests[@]}" > "$log" 2>&1
+    -m "" "${tests[@]}" > "$log" 2>&1
   rc=$?
   secs=$((SECONDS - start))
   errors=$(grep -oE 'ERROR SUMMARY: [0-9]+' "$log" | tail -1 | grep -oE '[0-9]+$')

@@ -112,7 +112,9 @@ elif [ -z "$(stamp_get build)" ] && [ -n "$SO" ] \
   stamp_set build "$BUILD_KEY"; stamp_set so "$(so_hash)"; stamp_set versions "$VERSIONS"
 else
   BUILD_LOG="$VENV/.pyg_multihead_agg-build.log"
-  say "extension: building with $(nproc) jobs (full log: $BUILD_LOG)"
+  say "extension: compiling csrc/ with ${MAX_JOBS:-$(nproc)} jobs: about 2 minutes on 2 cores"\
+" for the CPU kernels, and about 2 more on 16 cores for the CUDA kernels where torch has CUDA"\
+" (full log: $BUILD_LOG)"
   # ninja's progress lines, by source file; everything else goes to the log.
   if ! MAX_JOBS="${MAX_JOBS:-$(nproc)}" "$PY" -m pip install --disable-pip-version-check -v \
       --no-build-isolation -e "$ROOT" 2>&1 | tee "$BUILD_LOG" \

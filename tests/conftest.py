@@ -1,4 +1,17 @@
+"""Shared test helpers and the selections.
+
+Selections (markers; tests/README.md lists what each covers):
+- default (`bash scripts/run_tests.sh`, `pytest`): every test except those
+  marked `slow`. A test marked `sweep` runs a covering subset of its
+  parameter combinations here (`_sweep_cover`); the rest of its
+  combinations are marked `slow`.
+- `--full` (`-m "not long"`; CI): every combination of every sweep.
+- `-m long`: the multi-seed training runs (minutes each; also `slow`).
+- `-m cuda`: the tests that need a GPU (deselected without one);
+  `-m "cuda and not slow"` is the device's quick selection.
+"""
 import re
+from itertools import combinations
 
 import pytest
 import torch
@@ -116,12 +129,70 @@ def _needs_cuda(item) -> bool:
         "device" in name and _is_cuda_device(value) for name, value in callspec.params.items())
 
 
+def _value_key(value):
+    try:
+        hash(value)
+        return value
+    except TypeError:  # the same parameter object in every item that uses it
+        return ("id", id(value))
+
+
+def _sweep_requirements(item, groups):
+    params = item.callspec.params
+    return {(group, tuple(_value_key(params[name]) for name in group)) for group in groups}
+
+
+def _sweep_cover(items):
+    """The items of one sweep (one test function on one device, and one value
+    of each parameter named in the marker's `by`) that run by default:
+    greedily, the fewest that show every combination of values of each
+    `cover` group of parameters at least once (default: every pair, so every
+    dtype meets every index type, every case, and so on). Deterministic: the
+    same subset on every run and in every xdist worker."""
+    marker = items[0].get_closest_marker("sweep")
+    apart = ("device", *marker.kwargs.get("by", ()))
+    names = [n for n in items[0].callspec.params if n not in apart]
+    cover = marker.kwargs.get("cover")
+    groups = ([tuple(g) for g in cover] if cover is not None
+              else list(combinations(names, 2)) or [tuple(names)])
+    reqs = [_sweep_requirements(item, groups) for item in items]
+    uncovered = set().union(*reqs)
+    chosen = set()
+    while uncovered:
+        best = max(range(len(items)), key=lambda k: len(reqs[k] & uncovered))
+        chosen.add(best)
+        uncovered -= reqs[best]
+    return chosen
+
+
+def _mark_sweeps(items):
+    sweeps = {}
+    for item in items:
+        if (item.get_closest_marker("sweep") is None or not hasattr(item, "callspec")
+                or item.get_closest_marker("slow") is not None):
+            continue
+        params = item.callspec.params
+        device = str(params.get("device", "cuda" if _needs_cuda(item) else "cpu"))
+        apart = tuple(_value_key(params[name])
+                      for name in item.get_closest_marker("sweep").kwargs.get("by", ()))
+        sweeps.setdefault((item.module.__name__, item.originalname, device, apart),
+                          []).append(item)
+    for group in sweeps.values():
+        chosen = _sweep_cover(group)
+        for k, item in enumerate(group):
+            if k not in chosen:
+                item.add_marker(pytest.mark.slow)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     # Every test that needs CUDA carries the "cuda" marker (-m cuda selects them).
     for item in items:
         if _needs_cuda(item):
             item.add_marker(pytest.mark.cuda)
+        if item.get_closest_marker("long") is not None:
+            item.add_marker(pytest.mark.slow)
+    _mark_sweeps(items)
     if torch.cuda.is_available():
         return
     keep, deselected = [], []

@@ -176,6 +176,7 @@ def check_backward(inp: Inputs, dtype, through=("out", "lse"), **kw):
         assert err <= tol, f"grad {name}: relative error {err:.3g} > {tol:.3g}"
 
 
+@pytest.mark.sweep(by=("op",))
 @pytest.mark.parametrize("op,device", OP_DEVICES)
 @pytest.mark.parametrize("dropout", [0.0, 0.5], ids=["p0", "p0.5"])
 @pytest.mark.parametrize("with_edge", [False, True], ids=["no_edge", "e_feat"])
@@ -190,6 +191,7 @@ def test_forward_matches_reference(case, dtype, index_dtype, with_edge, dropout,
     check_forward(inp, dtype, dropout=dropout, philox=PHILOX)
 
 
+@pytest.mark.sweep(by=("op",))
 @pytest.mark.parametrize("op,device", OP_DEVICES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
@@ -198,6 +200,7 @@ def test_forward_with_bias_matches_reference(case, dtype, op, device):
     check_forward(inp, dtype, dropout=0.3, philox=PHILOX)
 
 
+@pytest.mark.sweep(by=("op",))
 @pytest.mark.parametrize("op,device", OP_DEVICES)
 @pytest.mark.parametrize("with_csc,perm_inv", [(True, True), (True, False), (False, False)],
                          ids=["csc_perm_inv", "csc", "no_csc"])
@@ -229,6 +232,7 @@ def test_backward_through_one_output(through, op, device):
     check_backward(inp, torch.float64, through=through)
 
 
+@pytest.mark.sweep(by=("op",))
 @pytest.mark.parametrize("op,device", OP_DEVICES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=dtype_id)
 @pytest.mark.parametrize("heads,channels", [(1, 7), (8, 8), (4, 32), (3, 48), (2, 100), (1, 1),

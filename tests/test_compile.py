@@ -23,6 +23,7 @@ def model(rowptr, col, weight, x, use_csc: bool):
     return torch.nn.functional.elu(out).square().sum()
 
 
+@pytest.mark.sweep(cover=[("dynamic",), ("use_csc",)])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dynamic", [False, True])
 @pytest.mark.parametrize("use_csc", [False, True])

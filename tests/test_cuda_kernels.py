@@ -161,6 +161,7 @@ def check_all_ops(rowptr, col, weight, x, grad_out, dtype):
 # Tests
 # ---------------------------------------------------------------------------
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("index_dtype", INDICES)
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("heads,channels", HEADS_CHANNELS)
@@ -172,6 +173,7 @@ def test_every_specialisation(heads, channels, dtype, index_dtype):
                   grad_out, dtype)
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("index_dtype", INDICES)
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("heads,channels", [(1, 1), (8, 8), (4, 32), (8, 128), (3, 33), (1, 1024)])
@@ -230,6 +232,7 @@ def test_forced_short_slices(heads, channels, dtype):
                           grad_out, dtype)
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("heads,channels", [(4, 16), (3, 32), (1, 32), (2, 64), (8, 8)])
 def test_forward_transposed_weights(heads, channels, dtype):
@@ -253,6 +256,7 @@ def test_forward_transposed_weights(heads, channels, dtype):
             assert torch.equal(*got), f"split {split}, {index_dtype}"
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("index_dtype", INDICES)
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("heads,channels", [(4, 32), (4, 16), (2, 64), (1, 32), (3, 32)])
@@ -284,6 +288,7 @@ def test_gather_rows_around_the_step(heads, channels, dtype, index_dtype):
                          f"grad_x, split {split}")
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("split", [0, 1], ids=["row_per_group", "row_per_warp"])
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("heads,channels", [(1, 1), (1, 3), (1, 8), (8, 8), (4, 32), (2, 24)])
@@ -305,6 +310,7 @@ def test_forward_narrow_rows_both_layouts(heads, channels, dtype, split):
             assert torch.equal(ops.multihead_spmm(rowptr, col, weight, x), out)  # deterministic
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("heads,channels", [(4, 16), (3, 32), (1, 32), (2, 64), (8, 8)])
 def test_dot_products_both_layouts(heads, channels, dtype):
@@ -337,6 +343,7 @@ def test_dot_products_both_layouts(heads, channels, dtype):
                 assert torch.equal(a, b), name
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("index_dtype", INDICES)
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("heads,channels", [(4, 32), (4, 16), (1, 32), (1, 8), (1, 1), (3, 32),

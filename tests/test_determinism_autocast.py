@@ -119,6 +119,7 @@ def test_gat_attention_bias_under_autocast(device, dtype):
     torch.testing.assert_close(grads[3], want, rtol=eps, atol=eps)
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("device,dtype", AUTOCAST)
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
 @pytest.mark.parametrize("kind", KINDS)

@@ -63,6 +63,9 @@ DEVICES = ["cpu", pytest.param("cuda", marks=[
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
 
 
+# Each family, layer and adjacency of the example at least once (every
+# combination with --full); the layers have their own sweeps over adjacencies.
+@pytest.mark.sweep(cover=[("conv",), ("layer",), ("adj",)])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("adj", [_needs(a) for a in ADJS])
 @pytest.mark.parametrize("layer", ["ours", "pyg"])
@@ -100,7 +103,9 @@ def test_smoke(conv, layer, adj, device, data_root, tmp_path):
     assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("conv", list(CONVS))
+# A new process each (imports take seconds): GAT by default, every family with --full.
+@pytest.mark.parametrize("conv", ["gat", *(pytest.param(c, marks=pytest.mark.slow)
+                                           for c in CONVS if c != "gat")])
 def test_script_runs_as_a_command(conv, data_root, tmp_path):
     json_path = tmp_path / "result.json"
     proc = subprocess.run(
@@ -119,11 +124,29 @@ def test_script_runs_as_a_command(conv, data_root, tmp_path):
     assert written["test_acc_std"] == pytest.approx(abs(accs[0] - accs[1]) / 2 ** 0.5)
 
 
-@pytest.mark.parametrize("conv", list(CONVS))
+# The layers' own tests compile each family; here the example's --compile path,
+# once by default (every family with --full).
+@pytest.mark.parametrize("conv", ["gat", *(pytest.param(c, marks=pytest.mark.slow)
+                                           for c in CONVS if c != "gat")])
 def test_compiled_model_on_the_prepared_adjacency(conv, data_root):
     result = train_cora.main(["--root", str(data_root), "--conv", conv, "--compile",
                               "--epochs", "6", "--quiet"])
     assert result["settings"]["compile"] and len(result["runs"][0]["history"]["train_loss"]) == 6
+
+
+def test_logs_a_line_every_n_epochs_without_a_terminal(data_root):
+    # stderr is a pipe here (no progress bar): one line every --log-every epochs.
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--root", str(data_root), "--device", "cpu",
+         "--epochs", "7", "--patience", "100", "--log-every", "3"],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    prefix = "run 1/1 (seed 0) epoch "
+    logged = [line for line in lines if line.startswith(prefix)]
+    assert [line[len(prefix):].split(":")[0] for line in logged] == ["3", "6"], lines
+    assert all("loss" in line and "val acc" in line for line in logged)
+    assert "\r" not in proc.stdout + proc.stderr
 
 
 def test_bad_arguments_are_named():
@@ -135,6 +158,8 @@ def test_bad_arguments_are_named():
         train_cora.main(["--conv", "gin"])
     with pytest.raises(SystemExit):
         train_cora.main(["--runs", "0"])
+    with pytest.raises(SystemExit):
+        train_cora.main(["--log-every", "-1"])
 
 
 def test_missing_data_names_root(tmp_path, monkeypatch):
@@ -162,7 +187,7 @@ def pyg_gatv2_full_run(data_root):
                             "--runs", "10", "--quiet"])
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("adj", [_needs(a) for a in ADJS])
 def test_full_accuracy(adj, data_root, pyg_full_run):
     # The default device: CUDA where there is one.
@@ -173,7 +198,7 @@ def test_full_accuracy(adj, data_root, pyg_full_run):
         result["test_acc_mean"], pyg_full_run["test_acc_mean"])
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("adj", ["edge_index", "csr"])
 def test_full_accuracy_gatv2(adj, data_root, pyg_gatv2_full_run):
     result = train_cora.main(["--root", str(data_root), "--conv", "gatv2", "--adj", adj,

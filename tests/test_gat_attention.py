@@ -337,6 +337,7 @@ def test_reference_gradcheck():
 # Forward
 # ---------------------------------------------------------------------------
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dropout", [0.0, 0.5], ids=["p0", "p0.5"])
 @pytest.mark.parametrize("with_edge", [False, True], ids=["no_edge", "s_edge"])
@@ -364,6 +365,7 @@ def test_forward_matches_reference(case, dtype, index_dtype, with_edge, dropout,
     assert (out[empty] == 0).all()
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dropout", [0.0, 0.5], ids=["p0", "p0.5"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
@@ -394,6 +396,7 @@ def test_forward_with_bias_matches_reference(case, dtype, dropout, device):
     assert torch.equal(out[empty], inp.bias.expand(int(empty.sum()), -1, -1))
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("heads", range(1, 9))
 @pytest.mark.parametrize("channels", [1, 3, 8, 32, 33, 64, 128])
@@ -407,6 +410,7 @@ def test_forward_heads_channels(heads, channels, device):
     assert_lse_close(lse, ref_lse, torch.float32)
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("negative_slope", [0.0, 0.01, 0.2, 1.0, 3.0])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=dtype_id)
@@ -629,6 +633,7 @@ BACKWARD_DTYPES = [
 ]
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("with_csc,with_edge,dropout", VARIANTS)
 @pytest.mark.parametrize("dtype,index_dtype", BACKWARD_DTYPES)
@@ -651,6 +656,7 @@ def test_backward_matches_reference(case, dtype, index_dtype, with_csc, with_edg
     assert_grads_close(grads, ref, dtype, grad_names(inp))
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("with_csc,with_edge,dropout", [VARIANTS[0], VARIANTS[3]])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
@@ -683,6 +689,7 @@ _NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a 
 
 
 # The layout flag selects CUDA kernels: the CPU kernel runs once.
+@pytest.mark.sweep
 @pytest.mark.parametrize("device,layout", [
     pytest.param("cpu", "1", id="transposed-cpu"),
     pytest.param("cuda", "1", id="transposed-cuda", marks=_NEEDS_CUDA),
@@ -799,6 +806,7 @@ LAYOUT_CASES = [
 ]
 
 
+@pytest.mark.sweep
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dropout", [0.0, 0.5], ids=["p0", "p0.5"])
 @pytest.mark.parametrize("with_edge", [False, True], ids=["no_edge", "s_edge"])

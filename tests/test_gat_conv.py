@@ -229,6 +229,7 @@ MATCH_CASES = [
     if not _pyg_path_fails(case, name, fused)]
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("case,kind,fused", MATCH_CASES)
@@ -814,7 +815,10 @@ def test_compile_edge_index_fullgraph(kind, add_self_loops):
     compile_case(kind, add_self_loops, "aot_eager", fullgraph=True)
 
 
-@pytest.mark.parametrize("kind", ["edge_index", "edge_index_sorted"])
+# Inductor's first compile takes seconds on a 2-core CPU: the EdgeIndex
+# variant (traced with aot_eager by default above) runs with --full.
+@pytest.mark.parametrize("kind", ["edge_index",
+                                  pytest.param("edge_index_sorted", marks=pytest.mark.slow)])
 def test_compile_edge_index_fullgraph_inductor(kind):
     compile_case(kind, True, "inductor", fullgraph=True, dynamic=True, edge_dim=3)
 

@@ -176,6 +176,7 @@ MATCH_CASES = [
     for case in CASES for name, marks in map(_unwrap, KINDS)]
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case,kind", MATCH_CASES)
 def test_matches_pyg(case, kind, device):

@@ -89,6 +89,7 @@ def check_csc(graph: graphs.Graph, num_src: int):
         assert torch.equal(perm[graph.perm_inv.long().cpu()], torch.arange(perm.numel()))
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("exact", [True, False], ids=["eager", "traced"])
 @pytest.mark.parametrize("loops", [None, "min"], ids=["no_loops", "loops"])

@@ -44,6 +44,7 @@ def make_inputs(case, dtype, index_dtype, device, seed, requires_grad=False):
     return rowptr, col, weight, x
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
@@ -60,6 +61,7 @@ def test_forward_matches_reference(case, dtype, index_dtype, device):
     assert rel_error(out, reference_spmm(rowptr, col, weight, x)) <= TOLERANCE[dtype]
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
@@ -204,36 +206,38 @@ def test_gradcheck(device, index_dtype, with_csc):
         (weight, x))
 
 
-def _opcheck_samples(device):
-    for index_dtype in INDEX_DTYPES:
-        for dtype in (torch.float32, torch.float64):
-            for case in (CASES[0], CASES[1], CASES[6]):
-                rowptr, col, weight, x = make_inputs(case, dtype, index_dtype, device, seed=2,
-                                                     requires_grad=True)
-                colptr, row, perm = pma.csr_to_csc(rowptr, col, x.size(0))
-                grad_out = torch.randn(case[0], case[3], case[4], dtype=dtype, device=device)
-                yield "multihead_spmm", (rowptr, col, weight, x)
-                yield "multihead_spmm", (rowptr, col, weight, x, colptr, row, perm)
-                perm_inv = pma.invert_perm(perm)
-                yield "multihead_spmm", (rowptr, col, weight, x, colptr, row, perm, perm_inv)
-                yield "multihead_spmm_backward_csc", (colptr, row, perm, weight.detach(),
-                                                      x.detach(), grad_out)
-                yield "multihead_spmm_backward_csc", (colptr, row, perm, weight.detach(),
-                                                      x.detach(), grad_out, perm_inv)
-                yield "multihead_spmm_backward_csc", (colptr, row, perm, None, x.detach(),
-                                                      grad_out)
-                yield "multihead_spmm_backward_x_scatter", (rowptr, col, weight.detach(),
-                                                            grad_out, x.size(0))
-                yield "multihead_sddmm", (rowptr, col, grad_out, x.detach())
+def _opcheck_samples(device, index_dtype, dtype, case):
+    """Every signature of the family's ops (8) on one graph."""
+    rowptr, col, weight, x = make_inputs(case, dtype, index_dtype, device, seed=2,
+                                         requires_grad=True)
+    colptr, row, perm = pma.csr_to_csc(rowptr, col, x.size(0))
+    grad_out = torch.randn(case[0], case[3], case[4], dtype=dtype, device=device)
+    yield "multihead_spmm", (rowptr, col, weight, x)
+    yield "multihead_spmm", (rowptr, col, weight, x, colptr, row, perm)
+    perm_inv = pma.invert_perm(perm)
+    yield "multihead_spmm", (rowptr, col, weight, x, colptr, row, perm, perm_inv)
+    yield "multihead_spmm_backward_csc", (colptr, row, perm, weight.detach(),
+                                          x.detach(), grad_out)
+    yield "multihead_spmm_backward_csc", (colptr, row, perm, weight.detach(),
+                                          x.detach(), grad_out, perm_inv)
+    yield "multihead_spmm_backward_csc", (colptr, row, perm, None, x.detach(),
+                                          grad_out)
+    yield "multihead_spmm_backward_x_scatter", (rowptr, col, weight.detach(),
+                                                grad_out, x.size(0))
+    yield "multihead_sddmm", (rowptr, col, grad_out, x.detach())
 
 
+@pytest.mark.sweep(cover=[("index_dtype", "dtype"), ("case",)])
 @pytest.mark.parametrize("device", DEVICES)
-def test_opcheck(device):
+@pytest.mark.parametrize("case", [CASES[0], CASES[1], CASES[6]], ids=["case0", "case1", "case6"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=str)
+def test_opcheck(index_dtype, dtype, case, device):
     count = 0
-    for name, args in _opcheck_samples(device):
+    for name, args in _opcheck_samples(device, index_dtype, dtype, case):
         torch.library.opcheck(getattr(ops, name), args)
         count += 1
-    assert count == 96
+    assert count == 8
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -83,7 +83,9 @@ def test_mini_batch(root):
     assert result["history"]["train_loss"][-1] > 0
 
 
-@pytest.mark.parametrize("fanout", [None, pytest.param("5,5", marks=NEEDS_SAMPLER)],
+# Full-batch DDP also runs in test_ddp_gradients_equal_one_process: with --full here.
+@pytest.mark.parametrize("fanout", [pytest.param(None, marks=pytest.mark.slow),
+                                    pytest.param("5,5", marks=NEEDS_SAMPLER)],
                          ids=["full_batch", "mini_batch"])
 def test_two_processes_gloo(root, tmp_path, fanout):
     out = tmp_path / "ddp.json"

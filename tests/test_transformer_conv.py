@@ -127,6 +127,7 @@ MATCH_CASES = [
     for case in CASES for name, marks in map(_unwrap, KINDS)]
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("case,kind", MATCH_CASES)
 def test_matches_pyg(case, kind):
     """float64: outputs and every gradient equal PyG's; the fused op ran

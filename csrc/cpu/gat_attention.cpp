@@ -91,7 +91,7 @@ std::tuple<at::Tensor, at::Tensor> gat_attention_cpu(
       const bool has_dropout = dropout_p > 0.0;
       cpu::check_ends(rp, N_dst, E, "rowptr", "col");
 
-      cpu::with_width(D, [&](auto width) {
+      cpu::with_width<scalar_t>(D, [&](auto width) {
         cpu::parallel_rows(rp, N_dst, [&](int64_t begin, int64_t end) CPU_KERNEL_INLINE_LAMBDA {
           std::vector<acc_t> acc(HD), row_max(H), row_sum(H), dst(H), p(H);
           for (int64_t i = begin; i < end; ++i) {
@@ -223,7 +223,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backwar
       // 1. delta per destination; validates the CSR (the last pass reads it).
       cpu::row_deltas(rp, cp, N_dst, N_src, E, H, D, gop, outp, bp, dp);
 
-      cpu::with_width(D, [&](auto width) {
+      cpu::with_width<scalar_t>(D, [&](auto width) {
         // 2. Sources over the CSC: grad_x, grad_s_src and gz.
         cpu::parallel_rows(ccp, N_src, [&](int64_t begin, int64_t end) CPU_KERNEL_INLINE_LAMBDA {
           std::vector<acc_t> acc_x(HD), acc_s(H), src(H);

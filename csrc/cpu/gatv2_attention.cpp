@@ -91,7 +91,7 @@ std::tuple<at::Tensor, at::Tensor> gatv2_attention_cpu(
       scalar_t* op = out.data_ptr<scalar_t>();
       acc_t* lp = lse.data_ptr<acc_t>();
       const acc_t slope = static_cast<acc_t>(negative_slope);
-      cpu::with_width(D, [&](auto width) {
+      cpu::with_width<scalar_t>(D, [&](auto width) {
         cpu::online_softmax_rows(
             rp, cp, N_dst, N_src, E, H, width, xlp, dropout, dropout_p > 0.0, ba, op, lp,
             [&](int64_t i, std::vector<acc_t>& xr) CPU_KERNEL_INLINE_LAMBDA {
@@ -179,7 +179,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_attention_backw
       // 1. delta per destination; validates the CSR (the last pass reads it).
       cpu::row_deltas(rp, cp, N_dst, N_src, E, H, D, gop, outp, bp, dp);
 
-      cpu::with_width(D, [&](auto width) {
+      cpu::with_width<scalar_t>(D, [&](auto width) {
         // 2. Sources over the CSC: grad_x_l (acc[0, HD)), grad_e_feat, the
         // logit gradients and the source's share of grad_att (acc[HD, 2 HD)).
         // scratch: x_r[i]'s head, then z.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -143,17 +144,22 @@ CPU_KERNEL_INLINE void axpy(acc_t* __restrict a, acc_t w, const scalar_t* __rest
 }
 
 // The same for the head widths the benchmarks and layers use most, with the
-// width known to the compiler (fully unrolled and vectorised); others take the
-// runtime loop.
-template <typename F>
+// width known to the compiler (fully unrolled and vectorised), in the dtypes
+// whose speed matters on the CPU (float32, bfloat16); float16, float64 and
+// other widths take the runtime loop. Each specialisation is compiled per
+// index type and ISA: limiting them keeps the build short.
+template <typename scalar_t, typename F>
 void with_width(int64_t n, F&& fn) {
-  switch (n) {
-    case 8: fn(std::integral_constant<int64_t, 8>()); break;
-    case 16: fn(std::integral_constant<int64_t, 16>()); break;
-    case 32: fn(std::integral_constant<int64_t, 32>()); break;
-    case 64: fn(std::integral_constant<int64_t, 64>()); break;
-    default: fn(n);
+  if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, c10::BFloat16>) {
+    switch (n) {
+      case 8: fn(std::integral_constant<int64_t, 8>()); return;
+      case 16: fn(std::integral_constant<int64_t, 16>()); return;
+      case 32: fn(std::integral_constant<int64_t, 32>()); return;
+      case 64: fn(std::integral_constant<int64_t, 64>()); return;
+      default: break;
+    }
   }
+  fn(n);
 }
 
 // sum over [0, n) of a[d] * b[d] in acc_t, in a fixed order: kLanes partial

@@ -51,7 +51,7 @@ at::Tensor multihead_spmm_cpu(const at::Tensor& rowptr, const at::Tensor& col,
       const scalar_t* xp = x_c.data_ptr<scalar_t>();
       scalar_t* op = out.data_ptr<scalar_t>();
       check_ends(rp, N_dst, E, "rowptr", "col");
-      cpu::with_width(D, [&](auto width) {
+      cpu::with_width<scalar_t>(D, [&](auto width) {
         cpu::parallel_rows(rp, N_dst, [&](int64_t begin, int64_t end) CPU_KERNEL_INLINE_LAMBDA {
           std::vector<acc_t> acc(HD);
           for (int64_t i = begin; i < end; ++i) {
@@ -108,7 +108,7 @@ std::tuple<at::Tensor, at::Tensor> multihead_spmm_backward_csc_cpu(
       scalar_t* gxp = need_grad_x ? grad_x.data_ptr<scalar_t>() : nullptr;
       scalar_t* gwp = need_grad_weight ? grad_weight.data_ptr<scalar_t>() : nullptr;
       check_ends(cp, N_src, E, "colptr", "row");
-      cpu::with_width(D, [&](auto width) {
+      cpu::with_width<scalar_t>(D, [&](auto width) {
         cpu::parallel_rows(cp, N_src, [&](int64_t begin, int64_t end) CPU_KERNEL_INLINE_LAMBDA {
           std::vector<acc_t> acc(HD);
           for (int64_t j = begin; j < end; ++j) {
@@ -209,7 +209,7 @@ at::Tensor multihead_sddmm_cpu(const at::Tensor& rowptr, const at::Tensor& col, 
       const scalar_t* bp = b_c.data_ptr<scalar_t>();
       scalar_t* op = out.data_ptr<scalar_t>();
       check_ends(rp, N_dst, E, "rowptr", "col");
-      cpu::with_width(D, [&](auto width) {
+      cpu::with_width<scalar_t>(D, [&](auto width) {
         cpu::parallel_rows(rp, N_dst, [&](int64_t begin, int64_t end) CPU_KERNEL_INLINE_LAMBDA {
           for (int64_t i = begin; i < end; ++i) {
             const index_t lo = rp[i], hi = rp[i + 1];

@@ -84,7 +84,7 @@ std::tuple<at::Tensor, at::Tensor> transformer_attention_cpu(
       scalar_t* op = out.data_ptr<scalar_t>();
       acc_t* lp = lse.data_ptr<acc_t>();
       const acc_t sc = static_cast<acc_t>(scale);
-      cpu::with_width(D, [&](auto width) {
+      cpu::with_width<scalar_t>(D, [&](auto width) {
         cpu::online_softmax_rows(
             rp, cp, N_dst, N_src, E, H, width, kp, dropout, dropout_p > 0.0, ba, op, lp,
             [&](int64_t i, std::vector<acc_t>& q) CPU_KERNEL_INLINE_LAMBDA {
@@ -171,7 +171,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> transformer_attention
       // 1. delta per destination; validates the CSR (the last pass reads it).
       cpu::row_deltas(rp, cp, N_dst, N_src, E, H, D, gop, outp, bp, dp);
 
-      cpu::with_width(D, [&](auto width) {
+      cpu::with_width<scalar_t>(D, [&](auto width) {
         // 2. Sources over the CSC: grad_key (acc[0, HD)), grad_value
         // (acc[HD, 2 HD)), grad_e_feat and the logit gradients. scratch:
         // query[i]'s head.
