@@ -27,7 +27,7 @@ from torch import Tensor
 from torch_geometric import EdgeIndex, is_compiling
 from torch_geometric.index import ptr2index
 from torch_geometric.typing import SparseTensor
-from torch_geometric.utils import scatter
+from torch_geometric.utils import coalesce, scatter
 
 CSC = Tuple[Tensor, Tensor, Tensor]
 _INT32_MAX = 2**31 - 1
@@ -309,12 +309,15 @@ def _fit_ptr(ptr: Tensor, num_rows: int, name: str) -> Tensor:
 
 
 def _index_error(bound: int, lo: int, hi: int, what: str) -> IndexError:
-    # PyG's message for the same mistake.
-    return IndexError(
-        f"Found indices in 'edge_index' that are larger than {bound - 1} (got {hi}) or "
-        f"negative (got {lo}) in its {what} row. Please ensure that all indices in "
-        f"'edge_index' point to valid indices in the interval [0, {bound}) in your node "
-        f"feature matrix and try again.")
+    # PyG's messages for the same mistake, naming only what is wrong (a
+    # negative index first, as PyG checks it first).
+    where = (f"Please ensure that all indices in 'edge_index' point to valid indices in the "
+             f"interval [0, {bound}) in your node feature matrix and try again.")
+    if lo < 0:
+        return IndexError(f"Found negative indices in 'edge_index' (got {lo}) in its {what} "
+                          f"row. {where}")
+    return IndexError(f"Found indices in 'edge_index' that are larger than {bound - 1} (got "
+                      f"{hi}) in its {what} row. {where}")
 
 
 def _checked(src: Tensor, dst: Tensor, num_src: int, num_dst: int, check: bool,
@@ -392,13 +395,18 @@ def _build(adj, num_src: int, num_dst: int, loops: Optional[int], exact: bool,
     An exact build without self-loops also learns from that sync whether
     the edge list is sorted by destination (the CSR is then its own order,
     no sort) or by source (the CSC is, built here when `need_csc`)."""
-    check = exact and not isinstance(adj, SparseTensor) and not (
-        isinstance(adj, Tensor) and (adj.is_sparse or adj.layout == torch.sparse_csr))
+    torch_sparse_adj = isinstance(adj, Tensor) and (adj.is_sparse or adj.layout == torch.sparse_csr)
+    check = exact and not isinstance(adj, SparseTensor) and not torch_sparse_adj
     if loops is None and not check:
         graph = _from_container(adj, num_src, num_dst)
         if graph is not None:
             return graph
     src, dst = edge_coordinates(adj)
+    if loops is not None and torch_sparse_adj:
+        # PyG's add_self_loops rebuilds a torch.sparse adjacency coalesced:
+        # duplicate entries become one edge (Dynamo runs this outside the
+        # graph: _untraceable).
+        dst, src = coalesce(torch.stack([dst, src]), num_nodes=max(num_src, num_dst, 1))
     num_edges = src.numel()
     own_loops = 0
     dst_sorted = src_sorted = False

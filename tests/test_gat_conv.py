@@ -764,8 +764,14 @@ def test_out_of_range_edge_index_raises_index_error(bad, fused, device):
     edge_index = edge_index.clone()
     edge_index[row, 5] = value
     name = "source" if row == 0 else "destination"
-    with pytest.raises(IndexError, match=rf"{name} row.*\[0, {case.num_src}\)"):
+    # Only what is wrong, as PyG says it (an index too large is not negative).
+    what = (rf"larger than {case.num_src - 1} \(got {value}\)" if value > 0
+            else rf"negative indices in 'edge_index' \(got {value}\)")
+    message = rf"{what} in its {name} row.*\[0, {case.num_src}\)"
+    with pytest.raises(IndexError, match=message) as err:
         ours(x_src.float().to(device), edge_index.to(device))
+    assert ("negative" in str(err.value)) == (value < 0)
+    assert ("larger" in str(err.value)) == (value > 0)
     # The process and device stay usable.
     edge_index[row, 5] = 0
     out = ours(x_src.float().to(device), edge_index.to(device))

@@ -3,7 +3,7 @@ call and when PyG's own path runs, the input errors PyG leaves bare, the
 index-range check of PyG's path, the self-loop count, the edge-feature rows,
 the bias the op adds, whether the op needs the CSC, and PyG's return
 structure for the attention weights."""
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -63,6 +63,23 @@ class FusedAttention:
             raise NotImplementedError(
                 "The usage of 'edge_attr' and 'add_self_loops' simultaneously is currently not "
                 "yet supported for 'edge_index' in a 'SparseTensor' form")
+
+    def _adjacency_edge_attr(self, edge_index: Adj, edge_attr: OptTensor) -> Tuple[OptTensor, bool]:
+        # edge_attr, or where none is given the edge features PyG's propagate
+        # reads from a sparse adjacency: a SparseTensor's values, a
+        # torch.sparse tensor's when they have more than one dimension. And
+        # whether only PyG's path serves them: a torch.sparse adjacency's
+        # values with self-loops, which PyG's add_self_loops fills and sums
+        # over duplicate entries as it coalesces.
+        if edge_attr is not None:
+            return edge_attr, False
+        if isinstance(edge_index, SparseTensor):
+            return edge_index.storage.value(), False
+        if is_torch_sparse_tensor(edge_index):
+            values = edge_index._values() if edge_index.is_sparse else edge_index.values()
+            if values.dim() > 1:
+                return values, bool(getattr(self, "add_self_loops", False))
+        return None, False
 
     def _uses_fused_attention(self, x: Union[Tensor, OptPairTensor], edge_index: Adj,
                               return_attention_weights: Optional[bool]) -> bool:
@@ -146,8 +163,14 @@ class FusedAttention:
         graphs.check_index(edge_index, *bounds)
 
     @staticmethod
-    def _num_loop_nodes(x: Union[Tensor, OptPairTensor], size: Size) -> int:
-        # As PyG: loops only for nodes that are both sources and destinations.
+    def _num_loop_nodes(x: Union[Tensor, OptPairTensor], size: Size, edge_index: Adj) -> int:
+        # As PyG: loops only for nodes that are both sources and destinations;
+        # a sparse adjacency gets them on its own diagonal (set_diag,
+        # add_self_loops of a torch.sparse tensor), whatever the features.
+        if isinstance(edge_index, SparseTensor):
+            return min(edge_index.sparse_sizes())
+        if is_torch_sparse_tensor(edge_index):
+            return min(edge_index.size(0), edge_index.size(1))
         x_src, x_dst = (x, None) if isinstance(x, Tensor) else x
         num_nodes = x_src.size(0)
         if x_dst is not None:

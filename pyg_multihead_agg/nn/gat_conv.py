@@ -262,10 +262,13 @@ class GATConv(FusedAttention, PyGGATConv):
                 (default: :obj:`None`)
         """
         self._check_adjacency(edge_index, edge_attr)
-        if self._uses_fused_attention(x, edge_index, return_attention_weights):
+        # (PyG's path reads the adjacency's values itself: it gets the caller's edge_attr.)
+        given_edge_attr = edge_attr
+        edge_attr, pyg_only = self._adjacency_edge_attr(edge_index, edge_attr)
+        if not pyg_only and self._uses_fused_attention(x, edge_index, return_attention_weights):
             return self._fused_forward(x, edge_index, edge_attr, size, return_attention_weights)
         self._check_index_range(x, edge_index, size)
-        return super().forward(x, edge_index, edge_attr, size, return_attention_weights)
+        return super().forward(x, edge_index, given_edge_attr, size, return_attention_weights)
 
     def _scores(self, lin: torch.nn.Module, x_in: Tensor, x_proj: Tensor,
                 *atts: Tensor) -> Tuple[Tensor, ...]:
@@ -341,7 +344,7 @@ class GATConv(FusedAttention, PyGGATConv):
         num_src = sizes[0] if sizes[0] is not None else x_src.size(0)
         num_dst = sizes[1] if sizes[1] is not None else (
             x_dst.size(0) if x_dst is not None else num_src)
-        loops = self._num_loop_nodes(x, size) if self.add_self_loops else None
+        loops = self._num_loop_nodes(x, size, edge_index) if self.add_self_loops else None
 
         # Edge scores in the caller's edge order, and those of the self-loops.
         alpha_edge: OptTensor = None

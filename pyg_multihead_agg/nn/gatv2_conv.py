@@ -175,15 +175,19 @@ class GATv2Conv(FusedAttention, PyGGATv2Conv):
                 (default: :obj:`None`)
         """
         self._check_destination_features(x)
+        self._check_adjacency(edge_index, edge_attr)
+        # (PyG's path reads the adjacency's values itself: it gets the caller's edge_attr.)
+        given_edge_attr = edge_attr
+        edge_attr, pyg_only = self._adjacency_edge_attr(edge_index, edge_attr)
         if edge_attr is not None and self.lin_edge is None:
             # PyG fails with a bare AssertionError in edge_update.
-            raise ValueError("edge_attr was given to a GATv2Conv without edge features: "
+            raise ValueError("edge_attr was given to a GATv2Conv without edge features (or the "
+                             "sparse adjacency holds values, which PyG reads as edge_attr): "
                              "construct it with edge_dim=edge_attr.size(-1)")
-        self._check_adjacency(edge_index, edge_attr)
-        if self._uses_fused_attention(x, edge_index, return_attention_weights):
+        if not pyg_only and self._uses_fused_attention(x, edge_index, return_attention_weights):
             return self._fused_forward(x, edge_index, edge_attr, return_attention_weights)
         self._check_index_range(x, edge_index, None)
-        return super().forward(x, edge_index, edge_attr, return_attention_weights)
+        return super().forward(x, edge_index, given_edge_attr, return_attention_weights)
 
     def _fused_forward(self, x: Union[Tensor, PairTensor], edge_index: Adj,
                        edge_attr: OptTensor, return_attention_weights: Optional[bool]):
@@ -213,7 +217,7 @@ class GATv2Conv(FusedAttention, PyGGATv2Conv):
         self._set_size(sizes, 0, x_l)
         self._set_size(sizes, 1, x_r)
         num_src, num_dst = x_l.size(0), x_r.size(0)
-        loops = self._num_loop_nodes(x, None) if self.add_self_loops else None
+        loops = self._num_loop_nodes(x, None, edge_index) if self.add_self_loops else None
 
         # Projected edge features in the caller's edge order, and those of the
         # self-loops (PyG fills the raw features, then projects them).

@@ -185,10 +185,12 @@ class TransformerConv(FusedAttention, PyGTransformerConv):
                 dropout, as PyG does. (default: :obj:`None`)
         """
         self._check_destination_features(x)
+        edge_attr, _ = self._adjacency_edge_attr(edge_index, edge_attr)
         if edge_attr is None and self.lin_edge is not None:
             # PyG fails with a bare AssertionError in message.
             raise ValueError("TransformerConv with edge_dim needs edge_attr: pass the edge "
-                             "features, or construct it without edge_dim")
+                             "features (or a sparse adjacency holding them as its values), or "
+                             "construct it without edge_dim")
         # edge_attr without lin_edge: PyG adds the raw features to the values
         # only (where they broadcast), which the op, adding e_feat to keys
         # and values, does not express. PyG's path runs.
