@@ -528,9 +528,10 @@ class _Attached:
     # What prepare_adjacency attaches to its alias of the adjacency. Not
     # state: deep copies and pickles of the alias drop it (it pickles as an
     # empty set, which torch.load(weights_only=True) accepts).
-    def __init__(self, graph: Graph, loops: Optional[int]) -> None:
+    def __init__(self, graph: Graph, loops: Optional[int], num_src: int) -> None:
         self.graph = graph
         self.loops = loops
+        self.routing = _edge_index_of(graph, num_src)
 
     def __deepcopy__(self, memo) -> None:
         return None
@@ -619,6 +620,61 @@ def _outside_graph(fn, *args):
     return fn(*args)
 
 
+class Routed:
+    r"""What the layers' fused path hands to PyG's :meth:`propagate` on the
+    adjacency of :func:`routing_adjacency`, for its
+    :meth:`message_and_aggregate`: the prepared :obj:`graph`, the op's
+    per-edge inputs in CSR order (:obj:`edge_values`, or :obj:`None`), and
+    the op's row log-sum-exp once it ran (:obj:`lse`)."""
+    __slots__ = ("graph", "edge_values", "lse")
+
+    def __init__(self, graph: Graph, edge_values: Optional[Tensor]) -> None:
+        self.graph = graph
+        self.edge_values = edge_values
+        self.lse: Optional[Tensor] = None
+
+
+def routing_adjacency(adj, graph: Graph, num_src: int) -> EdgeIndex:
+    r"""The prepared :obj:`graph` of :obj:`adj` as a sparse adjacency that
+    PyG's :meth:`~torch_geometric.nn.conv.MessagePassing.propagate` routes to
+    :meth:`message_and_aggregate`: an :class:`~torch_geometric.EdgeIndex`
+    (sources, destinations) in CSR order, sorted by destination, whose
+    pointer is the CSR's :obj:`rowptr`, of size :obj:`(num_src, rows)`
+    (one row more than the destinations in a graph with a spare row, see
+    :class:`Graph`; no size when traced). Eagerly built once per graph
+    (cached with it; :func:`prepare_adjacency`'s alias carries its own),
+    traced under :func:`torch.compile`. :func:`routed` reads what a call
+    attaches to it."""
+    attached = getattr(adj, "_pma_graph", None)
+    if isinstance(attached, _Attached) and attached.graph is graph:
+        return attached.routing
+    if is_compiling():
+        return _edge_index_of(graph, num_src)
+    key = ("routing", num_src, graph.num_dst)
+    hit = _cache_get(adj, key)
+    if hit is not None and hit[0] is graph.col and hit[1] is graph.rowptr:
+        return hit[2]
+    routing = _edge_index_of(graph, num_src)
+    _cache_put(adj, key, (graph.col, graph.rowptr, routing))
+    return routing
+
+
+def _edge_index_of(graph: Graph, num_src: int) -> EdgeIndex:
+    row = ptr2index(graph.rowptr, output_size=graph.col.numel())
+    # Traced, it carries no sparse size: Dynamo cannot read symbolic sizes
+    # back from an EdgeIndex (and no hook runs under torch.compile).
+    size = None if is_compiling() else (num_src, graph.rowptr.size(0) - 1)
+    routing = EdgeIndex(torch.stack([graph.col, row]), sparse_size=size, sort_order="col")
+    routing._indptr = graph.rowptr
+    return routing
+
+
+def routed(adj) -> Optional[Routed]:
+    r"""What the fused path attached to a :func:`routing_adjacency` for the
+    call in progress, or :obj:`None` for any other adjacency."""
+    return getattr(adj, "_pma_routed", None)
+
+
 def loop_attr(adj, edge_attr: Tensor, num_nodes: int,
               fill_value: Union[float, Tensor, str, None]) -> Tensor:
     r"""The edge features of the self-loops PyG's :func:`add_self_loops`
@@ -701,7 +757,7 @@ def prepare_adjacency(adj, num_nodes: Optional[int] = None, *,
     if graph.csc is None:
         graph = _with_csc(graph, adj, num_src)
     alias = copy.copy(adj)
-    alias._pma_graph = _Attached(graph, loops)
+    alias._pma_graph = _Attached(graph, loops, num_src)
     return alias
 
 

@@ -23,13 +23,19 @@ def model(rowptr, col, weight, x, use_csc: bool):
     return torch.nn.functional.elu(out).square().sum()
 
 
+# aot_eager traces what inductor traces (dynamo, the fake implementations, the
+# autograd formula) without generating code; inductor's compiles take seconds
+# on a 2-core CPU, so they run with --full (the layers' tests compile with
+# inductor by default).
 @pytest.mark.sweep(cover=[("dynamic",), ("use_csc",)])
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor",
+                                                               marks=pytest.mark.slow)])
 @pytest.mark.parametrize("dynamic", [False, True])
 @pytest.mark.parametrize("use_csc", [False, True])
-def test_compile_fullgraph_matches_eager(device, dynamic, use_csc):
+def test_compile_fullgraph_matches_eager(device, backend, dynamic, use_csc):
     torch._dynamo.reset()
-    compiled = torch.compile(model, fullgraph=True, dynamic=dynamic)
+    compiled = torch.compile(model, fullgraph=True, dynamic=dynamic, backend=backend)
     # Two graph sizes: with dynamic=True the second reuses the graph.
     for seed, (num_dst, num_src, num_edges) in enumerate([(30, 25, 150), (41, 33, 260)]):
         rowptr, col, weight, x = make(device, num_dst, num_src, num_edges, seed)

@@ -197,3 +197,74 @@ def test_upstream_tool_reports_swap_failures_and_fused_calls(tmp_path):
     assert "test_not_fused passed without our fused op: no known reason" in proc.stdout
     assert "test_failing failed" in proc.stdout
     assert proc.returncode == 1 and "FAILED" in proc.stdout
+
+
+# The fused path runs inside PyG's propagate: the prepared graph reaches
+# propagate as a column-sorted EdgeIndex, which propagate routes to the
+# layer's message_and_aggregate, whose hooks fire around the fused op.
+
+MESSAGE_AND_AGGREGATE_ARGS = {"gat": {"x", "alpha"}, "gatv2": {"x", "alpha"},
+                              "transformer": {"query", "key", "value", "edge_attr"}}
+
+
+@pytest.mark.parametrize("adj_kind", ["edge_index", "torch_csr"])
+@pytest.mark.parametrize("family", list(LAYERS))
+def test_fused_op_runs_inside_propagate_with_its_hooks(family, adj_kind):
+    ours, theirs, op = pair(family, 4, 6, heads=2)
+    edge_index = torch.tensor([[0, 1, 2, 3, 4, 0], [1, 0, 1, 1, 2, 4]])
+    adj = edge_index if adj_kind == "edge_index" else to_torch_csc_tensor(
+        edge_index, size=(5, 5)).t()
+    x = torch.randn(5, 4, dtype=torch.float64)
+    expected = theirs(x, adj)
+
+    seen = []
+
+    def pre_hook(module, inputs):
+        edge, kwargs = inputs
+        seen.append(("pre", type(edge).__name__, edge.is_sorted_by_col, set(kwargs)))
+
+    def hook(module, inputs, out):
+        seen.append(("post", tuple(out.shape)))
+        return out * 2  # what the hook returns is the layer's aggregation
+
+    inside = []
+    propagate = type(ours).propagate
+
+    def counting_propagate(self, *args, **kwargs):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            out = propagate(self, *args, **kwargs)
+        inside.extend(e.name for e in prof.events() if e.name == op)
+        return out
+
+    handles = [ours.register_message_and_aggregate_forward_pre_hook(pre_hook),
+               ours.register_message_and_aggregate_forward_hook(hook)]
+    try:
+        type(ours).propagate = counting_propagate
+        out = ours(x, adj)
+    finally:
+        type(ours).propagate = propagate
+        for handle in handles:
+            handle.remove()
+    assert inside == [op]  # the fused op ran once, inside propagate
+    num_nodes, width = 5, 12
+    assert seen == [("pre", "EdgeIndex", True, MESSAGE_AND_AGGREGATE_ARGS[family]),
+                    ("post", (num_nodes, 2, 6))]
+    # The hook doubled the aggregation (before the bias / root weight).
+    ours_plain = ours(x, adj)
+    torch.testing.assert_close(ours_plain, expected)
+    assert out.shape == (num_nodes, width) and not torch.allclose(out, ours_plain)
+
+
+@pytest.mark.parametrize("family", ["gat", "gatv2"])
+def test_message_hooks_see_pygs_messages_on_sparse_adjacencies(family):
+    # A message hook takes PyG's path; there PyG's propagate must not skip
+    # message for message_and_aggregate, even for a sparse adjacency.
+    ours, theirs, op = pair(family, 4, 6, heads=2)
+    adj = to_torch_csc_tensor(torch.tensor([[0, 1, 2, 3], [1, 0, 1, 1]]), size=(4, 4)).t()
+    x = torch.randn(4, 4, dtype=torch.float64)
+    messages = []
+    handle = ours.register_message_forward_hook(lambda m, i, out: messages.append(out.shape))
+    out, ran = ops_run(lambda: ours(x, adj))
+    handle.remove()
+    assert messages and not ran
+    torch.testing.assert_close(out, theirs(x, adj))

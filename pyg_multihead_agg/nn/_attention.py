@@ -1,9 +1,11 @@
-"""What the fused attention layers share: when the fused operator serves a
+"""What the fused attention layers share: one fused forward (the skeleton:
+projections and score inputs, graph preparation, PyG's propagate, the
+layer's message_and_aggregate, the fused op, the output), when it serves a
 call and when PyG's own path runs, the input errors PyG leaves bare, the
 index-range check of PyG's path, the self-loop count, the edge-feature rows,
 the bias the op adds, whether the op needs the CSC, and PyG's return
 structure for the attention weights."""
-from typing import Callable, Optional, Tuple, Union
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -14,21 +16,46 @@ from torch_geometric.utils.sparse import set_sparse_value
 
 from .. import graph as graphs
 
-# PyG's MessagePassing hook dictionaries: with any hook registered, the layer
-# takes PyG's path, where the hooks see the messages they expect.
+# PyG's MessagePassing hook dictionaries but message_and_aggregate's (which
+# fire on the fused path, around the op): with any of these registered, the
+# layer takes PyG's path, where the hooks see the messages they expect.
 HOOKS = ("propagate_forward_pre", "propagate_forward", "message_forward_pre", "message_forward",
-         "aggregate_forward_pre", "aggregate_forward", "message_and_aggregate_forward_pre",
-         "message_and_aggregate_forward", "edge_update_forward_pre", "edge_update_forward")
+         "aggregate_forward_pre", "aggregate_forward", "edge_update_forward_pre",
+         "edge_update_forward")
+# Hooks that must see PyG's messages: on PyG's path, propagate then skips
+# message_and_aggregate.
+MESSAGE_HOOKS = ("message_forward_pre", "message_forward", "aggregate_forward_pre",
+                 "aggregate_forward")
 
 # logits(src, dst, edge_values) -> [E, H]: a layer's attention logits of the
 # edges (src[e] -> dst[e]), edge_values per edge or None.
 Logits = Callable[[Tensor, Tensor, OptTensor], Tensor]
 
 
+class FusedInputs(NamedTuple):
+    """What a layer's projections give the fused forward."""
+    src: Tensor  # per-source values [N_src, H, C] (they size the sources)
+    dst: OptTensor  # per-destination values (they size the destinations), or None
+    propagate_kwargs: Dict[str, Any]  # the layer's arguments of propagate
+    grad_inputs: Tuple[OptTensor, ...]  # the op's inputs whose gradients need the CSC
+    extra: Any = None  # what the layer's output step needs (residual, root features)
+
+
 class FusedAttention:
     """Mixed into a subclass of a PyG attention layer (listed before it), which
-    provides ``fused_attention`` and ``_fused_head_supported(heads, channels, dtype)``:
-    whether the CUDA kernels serve heads of ``channels`` in ``dtype``."""
+    provides ``fused_attention``, ``_fused_head_supported(heads, channels, dtype)``
+    (whether the CUDA kernels serve heads of ``channels`` in ``dtype``) and
+    the score policy of the fused forward:
+
+    - ``_fused_inputs(x) -> FusedInputs``: projections and score inputs;
+    - ``_fused_edge_values(edge_attr)``: the op's per-edge inputs from edge
+      features (projections);
+    - ``_fused_op(graph, edge_values, **propagate_kwargs) -> (out, lse)``:
+      the fused operator, called from its ``message_and_aggregate``;
+    - ``_fused_logits(inputs, src, dst, edge, dtype)``: the attention logits
+      of the given edges, for the returned attention weights;
+    - ``_fused_output(out, inputs)``, if not the default: the output step.
+    """
 
     # PyG's GATConv and GATv2Conv return the attention weights after
     # dropout: in training with dropout the fused op, which keeps no mask,
@@ -47,6 +74,119 @@ class FusedAttention:
     # which applies no explainer mask: state MessagePassing's own.
     propagate = MessagePassing.propagate
     edge_updater = MessagePassing.edge_updater
+
+    # PyG's propagate routes a column-sorted EdgeIndex (the fused path's
+    # prepared graph among them) to message_and_aggregate.
+    SUPPORTS_FUSED_EDGE_INDEX = True
+    # Whether PyG's own path may call message_and_aggregate for a sparse
+    # adjacency (the layer aggregates PyG's attention weights there:
+    # GATConv, GATv2Conv), or must run message and aggregate
+    # (TransformerConv).
+    _aggregates_pyg_weights = True
+
+    @property
+    def fuse(self) -> bool:
+        # PyG's propagate calls message_and_aggregate for a sparse adjacency
+        # when this holds: always on the fused path (its routing adjacency),
+        # on PyG's own path only where the layer aggregates PyG's weights
+        # itself and no message or aggregate hook must see the messages.
+        # (The flag PyG sets stays in __dict__ under its own name, which
+        # PyG's __setstate__ reads; this property takes precedence over it.)
+        if not self.__dict__.get("fuse", False):
+            return False
+        if not self.__dict__.get("_on_pyg_path", False):
+            return True
+        return self._aggregates_pyg_weights and not any(
+            len(getattr(self, f"_{name}_hooks")) > 0 for name in MESSAGE_HOOKS)
+
+    @fuse.setter
+    def fuse(self, value: bool) -> None:
+        self.__dict__["fuse"] = value
+
+    def _pyg_forward(self, *args):
+        # PyG's own forward, with propagate told that it is PyG's path.
+        self.__dict__["_on_pyg_path"] = True
+        try:
+            return super().forward(*args)
+        finally:
+            self.__dict__["_on_pyg_path"] = False
+
+    def _fused_forward(self, x: Union[Tensor, OptPairTensor], edge_index: Adj,
+                       edge_attr: OptTensor, size: Size,
+                       return_attention_weights: Optional[bool]):
+        # The layer's projections, PyG's size checks and self-loop count,
+        # the edge inputs, the prepared graph, then PyG's propagate on it: its
+        # message_and_aggregate (and that method's hooks) run the fused op.
+        inputs = self._fused_inputs(x)
+        sizes = self._check_input(edge_index, size)
+        self._set_size(sizes, 0, inputs.src)
+        if inputs.dst is not None:
+            self._set_size(sizes, 1, inputs.dst)
+        num_src = sizes[0] if sizes[0] is not None else inputs.src.size(0)
+        num_dst = sizes[1] if sizes[1] is not None else (
+            inputs.dst.size(0) if inputs.dst is not None else num_src)
+        loops = (self._num_loop_nodes(x, size, edge_index)
+                 if getattr(self, "add_self_loops", False) else None)
+
+        # The op's edge inputs in the caller's edge order, and those of the
+        # self-loops (PyG fills the raw features, then projects them).
+        edge: OptTensor = None
+        loop_edge: OptTensor = None
+        if edge_attr is not None and self.lin_edge is not None:
+            edge_attr = self._edge_rows(edge_index, edge_attr)
+            edge = self._fused_edge_values(edge_attr)
+            if loops is not None:
+                loop_edge = self._fused_edge_values(
+                    graphs.loop_attr(edge_index, edge_attr, loops, self.fill_value))
+
+        graph = graphs.prepare(edge_index, num_src, num_dst, self_loops=loops,
+                               need_csc=self._need_csc(*inputs.grad_inputs, edge))
+        routing = graphs.routing_adjacency(edge_index, graph, num_src)
+        routed = graphs.Routed(graph, None if edge is None else graph.to_csr_order(edge, loop_edge))
+        routing._pma_routed = routed
+        try:
+            out = self.propagate(routing, **inputs.propagate_kwargs)
+        finally:
+            routing._pma_routed = None
+        out = self._fused_output(out, inputs)
+        if not self._wants_weights(return_attention_weights):
+            return out
+        lse = graph.crop_rows(routed.lse)
+
+        def logits(src: Tensor, dst: Tensor, edge_values: OptTensor) -> Tensor:
+            return self._fused_logits(inputs, src, dst, edge_values, lse.dtype)
+
+        return out, self._attention_weights(edge_index, loops, lse, logits, edge, loop_edge,
+                                            inputs.src.dtype)
+
+    def _fused_aggregate(self, edge_index: Adj, **inputs: Any) -> OptTensor:
+        # message_and_aggregate on the fused path: the op on the routed graph
+        # (its lse kept for the attention weights); None for any other
+        # adjacency, which only PyG's path of a layer that aggregates PyG's
+        # weights itself passes.
+        routed = graphs.routed(edge_index)
+        if routed is None:
+            if not self._aggregates_pyg_weights:
+                raise RuntimeError(f"{type(self).__name__}.message_and_aggregate serves the "
+                                   "fused path's prepared graph only")
+            return None
+        out, routed.lse = self._fused_op(routed.graph, routed.edge_values, **inputs)
+        return routed.graph.crop_rows(out)
+
+    @staticmethod
+    def _wants_weights(return_attention_weights: Optional[bool]) -> bool:
+        return bool(return_attention_weights)
+
+    def _fused_output(self, out: Tensor, inputs: FusedInputs) -> Tensor:
+        # GATConv and GATv2Conv: heads concatenated or averaged, then PyG's
+        # residual (inputs.extra) and the bias where the op did not add it.
+        H, C = self.heads, self.out_channels
+        out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
+        if inputs.extra is not None:
+            out = out + inputs.extra
+        if self.bias is not None and self._op_bias(out) is None:
+            out = out + self.bias
+        return out
 
     def _check_adjacency(self, edge_index: Adj, edge_attr: OptTensor) -> None:
         # The combinations PyG refuses, on every path, with a message.

@@ -9,7 +9,7 @@ from torch_geometric.typing import Adj, OptPairTensor, OptTensor, Size, SparseTe
 
 from .. import graph as graphs
 from .. import ops
-from ._attention import FusedAttention
+from ._attention import FusedAttention, FusedInputs
 from ._compat import fake_safe_edge_index_repr
 
 fake_safe_edge_index_repr()  # for torch.compile with EdgeIndex inputs on torch 2.11
@@ -218,7 +218,6 @@ class GATConv(FusedAttention, PyGGATConv):
         >>> conv(x, edge_index).shape
         torch.Size([5, 32])
     """
-    SUPPORTS_FUSED_EDGE_INDEX = True
     _fused_head_supported = staticmethod(fused_head_supported)
 
     def __init__(self, *args, fused_attention: bool = True, **kwargs) -> None:
@@ -268,7 +267,7 @@ class GATConv(FusedAttention, PyGGATConv):
         if not pyg_only and self._uses_fused_attention(x, edge_index, return_attention_weights):
             return self._fused_forward(x, edge_index, edge_attr, size, return_attention_weights)
         self._check_index_range(x, edge_index, size)
-        return super().forward(x, edge_index, given_edge_attr, size, return_attention_weights)
+        return self._pyg_forward(x, edge_index, given_edge_attr, size, return_attention_weights)
 
     def _scores(self, lin: torch.nn.Module, x_in: Tensor, x_proj: Tensor,
                 *atts: Tensor) -> Tuple[Tensor, ...]:
@@ -299,13 +298,10 @@ class GATConv(FusedAttention, PyGGATConv):
         scores = _FoldedScores.apply(x_in, w, *atts).view(-1, len(atts), x_proj.size(1))
         return scores.unbind(dim=1)
 
-    def _fused_forward(self, x: Union[Tensor, OptPairTensor], edge_index: Adj,
-                       edge_attr: OptTensor, size: Size,
-                       return_attention_weights: Optional[bool]):
-        # PyG's GATConv.forward with the self-loops, edge_updater and
-        # propagate replaced by the graph-preparation step and one call of the
-        # fused attention op (which adds the bias too); the projections,
-        # residual and size checks are PyG's own.
+    # The score policy of the fused forward (FusedAttention._fused_forward).
+
+    def _fused_inputs(self, x: Union[Tensor, OptPairTensor]) -> FusedInputs:
+        # PyG's projections and per-node scores (and its residual).
         H, C = self.heads, self.out_channels
         res: Optional[Tensor] = None
         if isinstance(x, Tensor):
@@ -334,70 +330,51 @@ class GATConv(FusedAttention, PyGGATConv):
             if x_dst_in is not None:
                 x_dst = lin_dst(x_dst_in).view(-1, H, C)
                 alpha_dst, = self._scores(lin_dst, x_dst_in, x_dst, self.att_dst)
+        # propagate's arguments as PyG names them; alpha holds the per-node
+        # scores (PyG's own alpha before edge_updater).
+        return FusedInputs(x_src, x_dst, dict(x=(x_src, x_dst), alpha=(alpha_src, alpha_dst)),
+                           (x_src, alpha_src, alpha_dst), res)
 
-        # PyG's size checks of propagate: the adjacency's sparse sizes against
-        # the node features.
-        sizes = self._check_input(edge_index, size)
-        self._set_size(sizes, 0, x_src)
-        if x_dst is not None:
-            self._set_size(sizes, 1, x_dst)
-        num_src = sizes[0] if sizes[0] is not None else x_src.size(0)
-        num_dst = sizes[1] if sizes[1] is not None else (
-            x_dst.size(0) if x_dst is not None else num_src)
-        loops = self._num_loop_nodes(x, size, edge_index) if self.add_self_loops else None
+    def _fused_edge_values(self, edge_attr: Tensor) -> Tensor:
+        return self._edge_scores(edge_attr)
 
-        # Edge scores in the caller's edge order, and those of the self-loops.
-        alpha_edge: OptTensor = None
-        loop_alpha_edge: OptTensor = None
-        if edge_attr is not None and self.lin_edge is not None:
-            edge_attr = self._edge_rows(edge_index, edge_attr)
-            alpha_edge = self._edge_scores(edge_attr)
-            if loops is not None:
-                loop_alpha_edge = self._edge_scores(
-                    graphs.loop_attr(edge_index, edge_attr, loops, self.fill_value))
-        if alpha_dst is None:
-            alpha_dst = alpha_src.new_zeros(num_dst, H)
-
+    def _fused_op(self, graph: graphs.Graph, s_edge: OptTensor, x: OptPairTensor,
+                  alpha: Tuple[Tensor, OptTensor]):
+        alpha_src, alpha_dst = alpha
+        if alpha_dst is None:  # no destination features: PyG adds no destination score
+            alpha_dst = alpha_src.new_zeros(graph.num_dst, self.heads)
         # The bias goes into the op (_op_bias); the residual is added after,
         # as PyG adds it before the bias: the same sum in another order.
-        bias = self._op_bias(x_src)
+        return ops.gat_attention(
+            graph.rowptr, graph.col, alpha_src, graph.pad_rows(alpha_dst), x[0], s_edge=s_edge,
+            negative_slope=self.negative_slope, dropout=self.dropout if self.training else 0.0,
+            csc=graph.csc, bias=self._op_bias(x[0]), perm_inv=graph.perm_inv)
 
-        graph = graphs.prepare(edge_index, num_src, num_dst, self_loops=loops,
-                               need_csc=self._need_csc(x_src, alpha_src, alpha_dst, alpha_edge))
-        s_edge = None if alpha_edge is None else graph.to_csr_order(alpha_edge, loop_alpha_edge)
-        out, lse = ops.gat_attention(
-            graph.rowptr, graph.col, alpha_src, graph.pad_rows(alpha_dst), x_src,
-            s_edge=s_edge, negative_slope=self.negative_slope,
-            dropout=self.dropout if self.training else 0.0, csc=graph.csc, bias=bias,
-            perm_inv=graph.perm_inv)
-        out = graph.crop_rows(out)
-
-        out = out.view(-1, H * C) if self.concat else out.mean(dim=1)
-        if res is not None:
-            out = out + res
-        if self.bias is not None and bias is None:
-            out = out + self.bias
-        if not return_attention_weights:
-            return out
-        lse = graph.crop_rows(lse)
-
-        def logits(src: Tensor, dst: Tensor, edge: OptTensor) -> Tensor:
-            logit = alpha_src.to(lse.dtype)[src] + alpha_dst.to(lse.dtype)[dst]
-            if edge is not None:
-                logit = logit + edge.to(lse.dtype)
-            return F.leaky_relu(logit, self.negative_slope)
-
-        return out, self._attention_weights(edge_index, loops, lse, logits, alpha_edge,
-                                            loop_alpha_edge, alpha_src.dtype)
+    def _fused_logits(self, inputs: FusedInputs, src: Tensor, dst: Tensor, edge: OptTensor,
+                      dtype: torch.dtype) -> Tensor:
+        alpha_src, alpha_dst = inputs.propagate_kwargs["alpha"]
+        logit = alpha_src.to(dtype)[src]
+        if alpha_dst is not None:
+            logit = logit + alpha_dst.to(dtype)[dst]
+        if edge is not None:
+            logit = logit + edge.to(dtype)
+        return F.leaky_relu(logit, self.negative_slope)
 
     def _edge_scores(self, edge_attr: Tensor) -> Tensor:
         edge_feat = self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
         return (edge_feat * self.att_edge).sum(dim=-1)
 
-    def message_and_aggregate(self, edge_index: Adj, x: OptPairTensor, alpha: Tensor) -> Tensor:
-        # PyG's propagate calls this for sparse adjacencies (SparseTensor,
-        # torch.sparse, column-sorted EdgeIndex) when fused_attention=False;
-        # alpha [E, H] arrives in the adjacency's edge order.
+    def message_and_aggregate(self, edge_index: Adj, x: OptPairTensor,
+                              alpha: Union[Tensor, Tuple[Tensor, OptTensor]]) -> Tensor:
+        # PyG's propagate calls this for sparse adjacencies. On the fused
+        # path (the prepared graph, alpha the per-node scores) it runs the
+        # fused attention op; on PyG's path (fused_attention=False: a
+        # SparseTensor, torch.sparse or column-sorted EdgeIndex) it
+        # aggregates PyG's attention weights alpha [E, H], which arrive in
+        # the adjacency's edge order.
+        out = self._fused_aggregate(edge_index, x=x, alpha=alpha)
+        if out is not None:
+            return out
         x_src, x_dst = x
         num_dst = x_src.size(0) if x_dst is None else x_dst.size(0)
         sizes = self._check_input(edge_index, None)

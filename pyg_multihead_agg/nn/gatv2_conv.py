@@ -9,7 +9,7 @@ from torch_geometric.typing import Adj, OptTensor, PairTensor, SparseTensor
 
 from .. import graph as graphs
 from .. import ops
-from ._attention import FusedAttention
+from ._attention import FusedAttention, FusedInputs
 from ._compat import fake_safe_edge_index_repr
 
 fake_safe_edge_index_repr()  # for torch.compile with EdgeIndex inputs on torch 2.11
@@ -139,6 +139,8 @@ class GATv2Conv(FusedAttention, PyGGATv2Conv):
         torch.Size([5, 32])
     """
     _fused_head_supported = staticmethod(fused_head_supported)
+    # fused_attention=False is PyG's layer as it is (message and aggregate).
+    _aggregates_pyg_weights = False
 
     def __init__(self, *args, fused_attention: bool = True, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -185,16 +187,14 @@ class GATv2Conv(FusedAttention, PyGGATv2Conv):
                              "sparse adjacency holds values, which PyG reads as edge_attr): "
                              "construct it with edge_dim=edge_attr.size(-1)")
         if not pyg_only and self._uses_fused_attention(x, edge_index, return_attention_weights):
-            return self._fused_forward(x, edge_index, edge_attr, return_attention_weights)
+            return self._fused_forward(x, edge_index, edge_attr, None, return_attention_weights)
         self._check_index_range(x, edge_index, None)
-        return super().forward(x, edge_index, given_edge_attr, return_attention_weights)
+        return self._pyg_forward(x, edge_index, given_edge_attr, return_attention_weights)
 
-    def _fused_forward(self, x: Union[Tensor, PairTensor], edge_index: Adj,
-                       edge_attr: OptTensor, return_attention_weights: Optional[bool]):
-        # PyG's GATv2Conv.forward with the self-loops, edge_updater and
-        # propagate replaced by the graph-preparation step and one call of the
-        # fused attention op (which adds the bias too); the projections,
-        # residual and size checks are PyG's own.
+    # The score policy of the fused forward (FusedAttention._fused_forward).
+
+    def _fused_inputs(self, x: Union[Tensor, PairTensor]) -> FusedInputs:
+        # PyG's projections (and its residual).
         H, C = self.heads, self.out_channels
         res: Optional[Tensor] = None
         if isinstance(x, Tensor):
@@ -210,54 +210,34 @@ class GATv2Conv(FusedAttention, PyGGATv2Conv):
                 res = self.res(x_r_in)
             x_l = self.lin_l(x_l_in).view(-1, H, C)
             x_r = self.lin_r(x_r_in).view(-1, H, C)
+        # propagate's arguments as PyG names them (alpha: none yet, the op
+        # computes the attention).
+        return FusedInputs(x_l, x_r, dict(x=(x_l, x_r), alpha=None),
+                           (x_l, x_r, self.att), res)
 
-        # PyG's size checks of propagate: the adjacency's sparse sizes against
-        # the node features.
-        sizes = self._check_input(edge_index, None)
-        self._set_size(sizes, 0, x_l)
-        self._set_size(sizes, 1, x_r)
-        num_src, num_dst = x_l.size(0), x_r.size(0)
-        loops = self._num_loop_nodes(x, None, edge_index) if self.add_self_loops else None
+    def _fused_edge_values(self, edge_attr: Tensor) -> Tensor:
+        return self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
 
-        # Projected edge features in the caller's edge order, and those of the
-        # self-loops (PyG fills the raw features, then projects them).
-        e: OptTensor = None
-        loop_e: OptTensor = None
-        if edge_attr is not None and self.lin_edge is not None:
-            edge_attr = self._edge_rows(edge_index, edge_attr)
-            e = self.lin_edge(edge_attr).view(-1, H, C)
-            if loops is not None:
-                loop_attr = graphs.loop_attr(edge_index, edge_attr, loops, self.fill_value)
-                loop_e = self.lin_edge(loop_attr).view(-1, H, C)
-
+    def _fused_op(self, graph: graphs.Graph, e_feat: OptTensor, x: PairTensor, alpha: None):
+        x_l, x_r = x
         # The bias goes into the op (_op_bias); the residual is added after.
-        bias = self._op_bias(x_l)
-        att = self.att.view(H, C).to(x_l.dtype)
+        return ops.gatv2_attention(
+            graph.rowptr, graph.col, x_l, graph.pad_rows(x_r),
+            self.att.view(self.heads, self.out_channels).to(x_l.dtype), e_feat=e_feat,
+            negative_slope=self.negative_slope, dropout=self.dropout if self.training else 0.0,
+            csc=graph.csc, bias=self._op_bias(x_l), perm_inv=graph.perm_inv)
 
-        graph = graphs.prepare(edge_index, num_src, num_dst, self_loops=loops,
-                               need_csc=self._need_csc(x_l, x_r, att, e))
-        e_feat = None if e is None else graph.to_csr_order(e, loop_e)
-        out, lse = ops.gatv2_attention(
-            graph.rowptr, graph.col, x_l, graph.pad_rows(x_r), att, e_feat=e_feat,
-            negative_slope=self.negative_slope,
-            dropout=self.dropout if self.training else 0.0, csc=graph.csc, bias=bias,
-            perm_inv=graph.perm_inv)
-        out = graph.crop_rows(out)
+    def _fused_logits(self, inputs: FusedInputs, src: Tensor, dst: Tensor, edge: OptTensor,
+                      dtype: torch.dtype) -> Tensor:
+        x_l, x_r = inputs.propagate_kwargs["x"]
+        z = x_l.to(dtype)[src] + x_r.to(dtype)[dst]
+        if edge is not None:
+            z = z + edge.to(dtype)
+        att = self.att.view(self.heads, self.out_channels).to(dtype)
+        return (F.leaky_relu(z, self.negative_slope) * att).sum(dim=-1)
 
-        out = out.view(-1, H * C) if self.concat else out.mean(dim=1)
-        if res is not None:
-            out = out + res
-        if self.bias is not None and bias is None:
-            out = out + self.bias
-        if not return_attention_weights:
-            return out
-        lse = graph.crop_rows(lse)
-
-        def logits(src: Tensor, dst: Tensor, edge: OptTensor) -> Tensor:
-            z = x_l.to(lse.dtype)[src] + x_r.to(lse.dtype)[dst]
-            if edge is not None:
-                z = z + edge.to(lse.dtype)
-            return (F.leaky_relu(z, self.negative_slope) * att.to(lse.dtype)).sum(dim=-1)
-
-        return out, self._attention_weights(edge_index, loops, lse, logits, e, loop_e,
-                                            x_l.dtype)
+    def message_and_aggregate(self, edge_index: Adj, x: PairTensor, alpha: OptTensor) -> Tensor:
+        # PyG's propagate calls this for the fused path's prepared graph
+        # only (PyG's own path runs PyG's message and aggregate): the fused
+        # attention op.
+        return self._fused_aggregate(edge_index, x=x, alpha=alpha)

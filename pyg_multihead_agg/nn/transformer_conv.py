@@ -9,7 +9,7 @@ from torch_geometric.typing import Adj, OptTensor, PairTensor, SparseTensor
 
 from .. import graph as graphs
 from .. import ops
-from ._attention import FusedAttention
+from ._attention import FusedAttention, FusedInputs
 from ._compat import fake_safe_edge_index_repr
 
 fake_safe_edge_index_repr()  # for torch.compile with EdgeIndex inputs on torch 2.11
@@ -134,6 +134,8 @@ class TransformerConv(FusedAttention, PyGTransformerConv):
     _fused_head_supported = staticmethod(fused_head_supported)
     _weights_after_dropout = False
     _weights_as_sparse_values = False
+    # fused_attention=False is PyG's layer as it is (message and aggregate).
+    _aggregates_pyg_weights = False
 
     def __init__(
         self,
@@ -185,6 +187,8 @@ class TransformerConv(FusedAttention, PyGTransformerConv):
                 dropout, as PyG does. (default: :obj:`None`)
         """
         self._check_destination_features(x)
+        # (PyG's path reads the adjacency's values itself: it gets the caller's edge_attr.)
+        given_edge_attr = edge_attr
         edge_attr, _ = self._adjacency_edge_attr(edge_index, edge_attr)
         if edge_attr is None and self.lin_edge is not None:
             # PyG fails with a bare AssertionError in message.
@@ -196,63 +200,68 @@ class TransformerConv(FusedAttention, PyGTransformerConv):
         # and values, does not express. PyG's path runs.
         if ((edge_attr is None or self.lin_edge is not None)
                 and self._uses_fused_attention(x, edge_index, return_attention_weights)):
-            return self._fused_forward(x, edge_index, edge_attr, return_attention_weights)
+            return self._fused_forward(x, edge_index, edge_attr, None, return_attention_weights)
         self._check_index_range(x, edge_index, None)
-        return super().forward(x, edge_index, edge_attr, return_attention_weights)
+        return self._pyg_forward(x, edge_index, given_edge_attr, return_attention_weights)
 
-    def _fused_forward(self, x: Union[Tensor, PairTensor], edge_index: Adj,
-                       edge_attr: OptTensor, return_attention_weights: Optional[bool]):
-        # PyG's TransformerConv.forward with propagate replaced by the
-        # graph-preparation step and one call of the fused attention op; the
-        # projections, head merge, root weight, beta gate and size checks
-        # are PyG's own.
+    # The score policy of the fused forward (FusedAttention._fused_forward).
+
+    def _fused_inputs(self, x: Union[Tensor, PairTensor]) -> FusedInputs:
+        # PyG's projections; the root features for the output step.
         H, C = self.heads, self.out_channels
         if isinstance(x, Tensor):
             x = (x, x)
         query = self.lin_query(x[1]).view(-1, H, C)
         key = self.lin_key(x[0]).view(-1, H, C)
         value = self.lin_value(x[0]).view(-1, H, C)
+        # propagate's arguments as PyG names them; the projected edge
+        # features ride on the prepared graph (edge_attr: None).
+        return FusedInputs(key, query, dict(query=query, key=key, value=value, edge_attr=None),
+                           (query, key, value), x[1])
 
-        # PyG's size checks of propagate: the adjacency's sparse sizes against
-        # the node features.
-        sizes = self._check_input(edge_index, None)
-        self._set_size(sizes, 0, key)
-        self._set_size(sizes, 1, query)
-        num_src, num_dst = key.size(0), query.size(0)
+    def _fused_edge_values(self, edge_attr: Tensor) -> Tensor:
+        return self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
 
-        # Projected edge features in the caller's edge order.
-        e: OptTensor = None
-        if edge_attr is not None and self.lin_edge is not None:
-            e = self.lin_edge(self._edge_rows(edge_index, edge_attr)).view(-1, H, C)
+    def _scale(self) -> float:
+        return 1.0 / math.sqrt(self.out_channels) if self.out_channels > 0 else 1.0
 
-        scale = 1.0 / math.sqrt(C) if C > 0 else 1.0
-        graph = graphs.prepare(edge_index, num_src, num_dst, self_loops=None,
-                               need_csc=self._need_csc(query, key, value, e))
-        e_feat = None if e is None else graph.to_csr_order(e, None)
-        out, lse = ops.transformer_attention(
+    def _fused_op(self, graph: graphs.Graph, e_feat: OptTensor, query: Tensor, key: Tensor,
+                  value: Tensor, edge_attr: OptTensor):
+        return ops.transformer_attention(
             graph.rowptr, graph.col, graph.pad_rows(query), key, value, e_feat=e_feat,
-            scale=scale, dropout=self.dropout if self.training else 0.0, csc=graph.csc,
+            scale=self._scale(), dropout=self.dropout if self.training else 0.0, csc=graph.csc,
             perm_inv=graph.perm_inv)
-        out = graph.crop_rows(out)
 
-        out = out.view(-1, H * C) if self.concat else out.mean(dim=1)
+    def _fused_output(self, out: Tensor, inputs: FusedInputs) -> Tensor:
+        # PyG's head merge, root weight and beta gate.
+        H, C = self.heads, self.out_channels
+        out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if self.root_weight:
-            x_r = self.lin_skip(x[1])
+            x_r = self.lin_skip(inputs.extra)
             if self.lin_beta is not None:
                 beta = self.lin_beta(torch.cat([out, x_r, out - x_r], dim=-1))
                 beta = beta.sigmoid()
                 out = beta * x_r + (1 - beta) * out
             else:
                 out = out + x_r
-        if not isinstance(return_attention_weights, bool):
-            return out
-        lse = graph.crop_rows(lse)
+        return out
 
-        def logits(src: Tensor, dst: Tensor, edge: OptTensor) -> Tensor:
-            k = key.to(lse.dtype)[src]
-            if edge is not None:
-                k = k + edge.to(lse.dtype)
-            return (query.to(lse.dtype)[dst] * k).sum(dim=-1) * scale
+    @staticmethod
+    def _wants_weights(return_attention_weights: Optional[bool]) -> bool:
+        # PyG's TransformerConv returns the weights for any bool, False too.
+        return isinstance(return_attention_weights, bool)
 
-        return out, self._attention_weights(edge_index, None, lse, logits, e, None,
-                                            query.dtype)
+    def _fused_logits(self, inputs: FusedInputs, src: Tensor, dst: Tensor, edge: OptTensor,
+                      dtype: torch.dtype) -> Tensor:
+        k = inputs.propagate_kwargs["key"].to(dtype)[src]
+        if edge is not None:
+            k = k + edge.to(dtype)
+        return (inputs.propagate_kwargs["query"].to(dtype)[dst] * k).sum(dim=-1) * self._scale()
+
+    def message_and_aggregate(self, edge_index: Adj, query: Tensor, key: Tensor, value: Tensor,
+                              edge_attr: OptTensor) -> Tensor:
+        # PyG's propagate calls this for the fused path's prepared graph
+        # only (PyG's own path runs PyG's message and aggregate): the fused
+        # attention op.
+        return self._fused_aggregate(edge_index, query=query, key=key, value=value,
+                                     edge_attr=edge_attr)
