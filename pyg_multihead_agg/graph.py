@@ -650,10 +650,12 @@ def routing_adjacency(adj, graph: Graph, num_src: int) -> EdgeIndex:
         return attached.routing
     if is_compiling():
         return _edge_index_of(graph, num_src)
+    # Cached beside the graph, for the graph it was built from (prepare's
+    # cache has checked the adjacency's versions).
     key = ("routing", num_src, graph.num_dst)
-    hit = _cache_get(adj, key)
-    if hit is not None and hit[0] is graph.col and hit[1] is graph.rowptr:
-        return hit[2]
+    hit = _CACHE.get(id(adj), {}).get(key)
+    if hit is not None and hit[1][0] is graph.col and hit[1][1] is graph.rowptr:
+        return hit[1][2]
     routing = _edge_index_of(graph, num_src)
     _cache_put(adj, key, (graph.col, graph.rowptr, routing))
     return routing

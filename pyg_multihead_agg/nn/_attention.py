@@ -184,8 +184,8 @@ class FusedAttention:
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if inputs.extra is not None:
             out = out + inputs.extra
-        if self.bias is not None and self._op_bias(out) is None:
-            out = out + self.bias
+        if self.bias is not None and torch.is_autocast_enabled(out.device.type):
+            out = out + self.bias  # (not added by the op, see _op_bias)
         return out
 
     def _check_adjacency(self, edge_index: Adj, edge_attr: OptTensor) -> None:
