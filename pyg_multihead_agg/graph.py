@@ -528,10 +528,9 @@ class _Attached:
     # What prepare_adjacency attaches to its alias of the adjacency. Not
     # state: deep copies and pickles of the alias drop it (it pickles as an
     # empty set, which torch.load(weights_only=True) accepts).
-    def __init__(self, graph: Graph, loops: Optional[int], num_src: int) -> None:
+    def __init__(self, graph: Graph, loops: Optional[int]) -> None:
         self.graph = graph
         self.loops = loops
-        self.routing = _edge_index_of(graph, num_src)
 
     def __deepcopy__(self, memo) -> None:
         return None
@@ -641,15 +640,9 @@ def routing_adjacency(adj, graph: Graph, num_src: int) -> EdgeIndex:
     (sources, destinations) in CSR order, sorted by destination, whose
     pointer is the CSR's :obj:`rowptr`, of size :obj:`(num_src, rows)`
     (one row more than the destinations in a graph with a spare row, see
-    :class:`Graph`; no size when traced). Eagerly built once per graph
-    (cached with it; :func:`prepare_adjacency`'s alias carries its own),
-    traced under :func:`torch.compile`. :func:`routed` reads what a call
-    attaches to it."""
-    attached = getattr(adj, "_pma_graph", None)
-    if isinstance(attached, _Attached) and attached.graph is graph:
-        return attached.routing
-    if is_compiling():
-        return _edge_index_of(graph, num_src)
+    :class:`Graph`). Eager only (under :func:`torch.compile` PyG's propagate
+    runs no hook, and the layers call the op directly); built once per
+    graph, cached with it. :func:`routed` reads what a call attaches to it."""
     # Cached beside the graph, for the graph it was built from (prepare's
     # cache has checked the adjacency's versions).
     key = ("routing", num_src, graph.num_dst)
@@ -663,10 +656,8 @@ def routing_adjacency(adj, graph: Graph, num_src: int) -> EdgeIndex:
 
 def _edge_index_of(graph: Graph, num_src: int) -> EdgeIndex:
     row = ptr2index(graph.rowptr, output_size=graph.col.numel())
-    # Traced, it carries no sparse size: Dynamo cannot read symbolic sizes
-    # back from an EdgeIndex (and no hook runs under torch.compile).
-    size = None if is_compiling() else (num_src, graph.rowptr.size(0) - 1)
-    routing = EdgeIndex(torch.stack([graph.col, row]), sparse_size=size, sort_order="col")
+    routing = EdgeIndex(torch.stack([graph.col, row]),
+                        sparse_size=(num_src, graph.rowptr.size(0) - 1), sort_order="col")
     routing._indptr = graph.rowptr
     return routing
 
@@ -759,7 +750,7 @@ def prepare_adjacency(adj, num_nodes: Optional[int] = None, *,
     if graph.csc is None:
         graph = _with_csc(graph, adj, num_src)
     alias = copy.copy(adj)
-    alias._pma_graph = _Attached(graph, loops, num_src)
+    alias._pma_graph = _Attached(graph, loops)
     return alias
 
 

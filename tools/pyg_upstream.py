@@ -155,6 +155,9 @@ def main(argv=None) -> int:
 
 
 def _describe(pyg: Path) -> str:
+    # The commit of a PyG clone (not of a repository the tree sits in).
+    if not (pyg / ".git").exists():
+        return ""
     try:
         rev = subprocess.run(["git", "-C", str(pyg), "describe", "--tags", "--always"],
                              capture_output=True, text=True, check=True).stdout.strip()

@@ -9,6 +9,7 @@ from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
+from torch_geometric import is_compiling
 from torch_geometric.nn import MessagePassing
 from torch_geometric.typing import Adj, OptPairTensor, OptTensor, Size, SparseTensor, torch_sparse
 from torch_geometric.utils import add_self_loops, is_torch_sparse_tensor, remove_self_loops
@@ -141,13 +142,19 @@ class FusedAttention:
 
         graph = graphs.prepare(edge_index, num_src, num_dst, self_loops=loops,
                                need_csc=self._need_csc(*inputs.grad_inputs, edge))
-        routing = graphs.routing_adjacency(edge_index, graph, num_src)
         routed = graphs.Routed(graph, None if edge is None else graph.to_csr_order(edge, loop_edge))
-        routing._pma_routed = routed
-        try:
-            out = self.propagate(routing, **inputs.propagate_kwargs)
-        finally:
-            routing._pma_routed = None
+        if is_compiling():
+            # PyG's generated propagate runs no hook under torch.compile: the
+            # compiled graph runs what message_and_aggregate runs, without
+            # the routing adjacency's ops.
+            out = self._fused_aggregate(routed, **inputs.propagate_kwargs)
+        else:
+            routing = graphs.routing_adjacency(edge_index, graph, num_src)
+            routing._pma_routed = routed
+            try:
+                out = self.propagate(routing, **inputs.propagate_kwargs)
+            finally:
+                routing._pma_routed = None
         out = self._fused_output(out, inputs)
         if not self._wants_weights(return_attention_weights):
             return out
@@ -159,12 +166,11 @@ class FusedAttention:
         return out, self._attention_weights(edge_index, loops, lse, logits, edge, loop_edge,
                                             inputs.src.dtype)
 
-    def _fused_aggregate(self, edge_index: Adj, **inputs: Any) -> OptTensor:
+    def _fused_aggregate(self, routed: Optional[graphs.Routed], **inputs: Any) -> OptTensor:
         # message_and_aggregate on the fused path: the op on the routed graph
         # (its lse kept for the attention weights); None for any other
         # adjacency, which only PyG's path of a layer that aggregates PyG's
         # weights itself passes.
-        routed = graphs.routed(edge_index)
         if routed is None:
             if not self._aggregates_pyg_weights:
                 raise RuntimeError(f"{type(self).__name__}.message_and_aggregate serves the "

@@ -372,7 +372,7 @@ class GATConv(FusedAttention, PyGGATConv):
         # SparseTensor, torch.sparse or column-sorted EdgeIndex) it
         # aggregates PyG's attention weights alpha [E, H], which arrive in
         # the adjacency's edge order.
-        out = self._fused_aggregate(edge_index, x=x, alpha=alpha)
+        out = self._fused_aggregate(graphs.routed(edge_index), x=x, alpha=alpha)
         if out is not None:
             return out
         x_src, x_dst = x

@@ -240,4 +240,4 @@ class GATv2Conv(FusedAttention, PyGGATv2Conv):
         # PyG's propagate calls this for the fused path's prepared graph
         # only (PyG's own path runs PyG's message and aggregate): the fused
         # attention op.
-        return self._fused_aggregate(edge_index, x=x, alpha=alpha)
+        return self._fused_aggregate(graphs.routed(edge_index), x=x, alpha=alpha)

@@ -263,5 +263,5 @@ class TransformerConv(FusedAttention, PyGTransformerConv):
         # PyG's propagate calls this for the fused path's prepared graph
         # only (PyG's own path runs PyG's message and aggregate): the fused
         # attention op.
-        return self._fused_aggregate(edge_index, query=query, key=key, value=value,
+        return self._fused_aggregate(graphs.routed(edge_index), query=query, key=key, value=value,
                                      edge_attr=edge_attr)
