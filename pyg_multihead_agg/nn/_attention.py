@@ -80,9 +80,9 @@ class FusedAttention:
     # prepared graph among them) to message_and_aggregate.
     SUPPORTS_FUSED_EDGE_INDEX = True
     # Whether PyG's own path may call message_and_aggregate for a sparse
-    # adjacency (the layer aggregates PyG's attention weights there:
-    # GATConv, GATv2Conv), or must run message and aggregate
-    # (TransformerConv).
+    # adjacency (GATConv with fused_attention=False aggregates PyG's
+    # attention weights there), or must run message and aggregate
+    # (GATv2Conv, TransformerConv: PyG's layer as it is).
     _aggregates_pyg_weights = True
 
     @property
