@@ -633,6 +633,10 @@ class Routed:
         self.lse: Optional[Tensor] = None
 
 
+# Graphs up to this many edges keep their routing adjacency in the cache.
+ROUTING_CACHE_EDGES = 1 << 20
+
+
 def routing_adjacency(adj, graph: Graph, num_src: int) -> EdgeIndex:
     r"""The prepared :obj:`graph` of :obj:`adj` as a sparse adjacency that
     PyG's :meth:`~torch_geometric.nn.conv.MessagePassing.propagate` routes to
@@ -641,8 +645,14 @@ def routing_adjacency(adj, graph: Graph, num_src: int) -> EdgeIndex:
     pointer is the CSR's :obj:`rowptr`, of size :obj:`(num_src, rows)`
     (one row more than the destinations in a graph with a spare row, see
     :class:`Graph`). Eager only (under :func:`torch.compile` PyG's propagate
-    runs no hook, and the layers call the op directly); built once per
-    graph, cached with it. :func:`routed` reads what a call attaches to it."""
+    runs no hook, and the layers call the op directly). Cached with the
+    graph up to :data:`ROUTING_CACHE_EDGES` edges, where building it (about
+    50 us of host time) would weigh on a layer call; a larger graph's is
+    built per call (one pass over its edges, next to the op's many) rather
+    than held (8 bytes an edge). :func:`routed` reads what a call attaches
+    to it."""
+    if graph.col.numel() > ROUTING_CACHE_EDGES:
+        return _edge_index_of(graph, num_src)
     # Cached beside the graph, for the graph it was built from (prepare's
     # cache has checked the adjacency's versions).
     key = ("routing", num_src, graph.num_dst)

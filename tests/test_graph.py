@@ -241,3 +241,19 @@ def test_prepare_adjacency_keeps_type_and_storage():
         assert triples(graphs.prepare(plain, 30, 30)) == expected_triples(src, dst, None)
     with pytest.raises(RuntimeError, match="outside torch.compile"):
         torch.compile(lambda a: pma.prepare_adjacency(a), fullgraph=True)(src.view(1, -1))
+
+
+def test_routing_adjacency_is_the_csr_and_cached_for_small_graphs(monkeypatch):
+    src, dst = random_edges(20, 15, 90, seed=5)
+    adj = torch.stack([src, dst])
+    graph = graphs.prepare(adj, 20, 15, self_loops=15)
+    routing = graphs.routing_adjacency(adj, graph, 20)
+    assert routing.is_sorted_by_col and routing.sparse_size() == (20, 15)
+    (colptr, row), _ = routing.get_csc()
+    assert torch.equal(colptr, graph.rowptr) and torch.equal(row, graph.col)
+    assert torch.equal(routing.as_tensor()[1], ptr2index(graph.rowptr, graph.col.numel()))
+    assert graphs.routing_adjacency(adj, graph, 20) is routing  # cached with the graph
+    monkeypatch.setattr(graphs, "ROUTING_CACHE_EDGES", 10)  # larger graphs: built per call
+    again = graphs.routing_adjacency(adj, graph, 20)
+    assert again is not graphs.routing_adjacency(adj, graph, 20)
+    assert torch.equal(again.as_tensor(), routing.as_tensor())
