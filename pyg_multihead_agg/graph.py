@@ -619,20 +619,6 @@ def _outside_graph(fn, *args):
     return fn(*args)
 
 
-class Routed:
-    r"""What the layers' fused path hands to PyG's :meth:`propagate` on the
-    adjacency of :func:`routing_adjacency`, for its
-    :meth:`message_and_aggregate`: the prepared :obj:`graph`, the op's
-    per-edge inputs in CSR order (:obj:`edge_values`, or :obj:`None`), and
-    the op's row log-sum-exp once it ran (:obj:`lse`)."""
-    __slots__ = ("graph", "edge_values", "lse")
-
-    def __init__(self, graph: Graph, edge_values: Optional[Tensor]) -> None:
-        self.graph = graph
-        self.edge_values = edge_values
-        self.lse: Optional[Tensor] = None
-
-
 # Graphs up to this many edges keep their routing adjacency in the cache.
 ROUTING_CACHE_EDGES = 1 << 20
 
@@ -649,8 +635,7 @@ def routing_adjacency(adj, graph: Graph, num_src: int) -> EdgeIndex:
     graph up to :data:`ROUTING_CACHE_EDGES` edges, where building it (about
     50 us of host time) would weigh on a layer call; a larger graph's is
     built per call (one pass over its edges, next to the op's many) rather
-    than held (8 bytes an edge). :func:`routed` reads what a call attaches
-    to it."""
+    than held (8 bytes an edge)."""
     if graph.col.numel() > ROUTING_CACHE_EDGES:
         return _edge_index_of(graph, num_src)
     # Cached beside the graph, for the graph it was built from (prepare's
@@ -670,12 +655,6 @@ def _edge_index_of(graph: Graph, num_src: int) -> EdgeIndex:
                         sparse_size=(num_src, graph.rowptr.size(0) - 1), sort_order="col")
     routing._indptr = graph.rowptr
     return routing
-
-
-def routed(adj) -> Optional[Routed]:
-    r"""What the fused path attached to a :func:`routing_adjacency` for the
-    call in progress, or :obj:`None` for any other adjacency."""
-    return getattr(adj, "_pma_routed", None)
 
 
 def loop_attr(adj, edge_attr: Tensor, num_nodes: int,

@@ -7,7 +7,7 @@
 #   $OUT/reference/ (copies of the benchmarks' files; copy them into
 #                    benchmarks/reference/ when the run was on another machine)
 #   scripts/gpu_check.sh STEPS [pytest args; default: tests -m "cuda and not slow",
-#                               every CUDA kernel path, in about N minutes (README);
+#                               every CUDA kernel path (tests/README.md);
 #                               tests -m "cuda and not long": every combination,
 #                               when a kernel changes]
 # STEPS: a comma-separated list of tests, props (the property tests with the
@@ -17,9 +17,7 @@
 # minibatch (if benchmarks/bench_minibatch.py exists), profile
 # (tools/profile_layer.py), sanitize, or "bench" (= ops,cora,layer,minibatch:
 # regenerates benchmarks/reference/) or "all" (= tests and bench).
-#   (env: STEP_LIMIT_* seconds per step, TEST_WORKERS (pytest-xdist processes
-#    for the tests step, if xdist is installed; 0: one process),
-#    OPS_ARGS / LAYER_ARGS / MINIBATCH_ARGS,
+#   (env: STEP_LIMIT_* seconds per step, OPS_ARGS / LAYER_ARGS / MINIBATCH_ARGS,
 #    BENCH_OUT (default benchmarks/reference), CORA_RUNS, SANITIZE_TOOLS)
 set -uo pipefail
 MODE="${1:-all}"; shift || true
@@ -74,11 +72,8 @@ grep -E "registers|spill" "$RES/build.log" | sort | uniq -c | sort -rn | head -5
 rc=0
 if has tests; then
   step tests
-  workers=()
-  if [ "${TEST_WORKERS:-0}" != 0 ] && python3 -c "import xdist" 2> /dev/null; then
-    workers=(-n "$TEST_WORKERS")
-  fi
-  timeout "${STEP_LIMIT_TESTS:-240}" python3 -m pytest "$@" ${workers[@]+"${workers[@]}"} \
+  # (One process: 4 pytest-xdist workers were slower on the H200.)
+  timeout "${STEP_LIMIT_TESTS:-240}" python3 -m pytest "$@" \
     -q -rs -p no:cacheprovider --timeout 120 --junitxml "$RES/tests.xml" \
     > "$OUT/tests.log" 2>&1 || rc=$?
   tail -15 "$OUT/tests.log" | tee -a "$LOG"

@@ -73,12 +73,10 @@ def test_bipartite_sparse_adjacency_without_destination_features(family, layout,
         adj = to_torch_csc_tensor(edge_index, size=(4, 2)).t()
     else:
         adj = SparseTensor.from_edge_index(edge_index, sparse_sizes=(4, 2)).t()
-    if family == "gatv2":  # GATv2 needs the destinations' features
-        ours, theirs, op = pair(family, (8, 16), 6, heads=2)
-        x = (torch.randn(4, 8, dtype=torch.float64), torch.randn(2, 16, dtype=torch.float64))
-    else:
-        ours, theirs, op = pair(family, (8, 16), 6, heads=2)
-        x = (torch.randn(4, 8, dtype=torch.float64), None)
+    ours, theirs, op = pair(family, (8, 16), 6, heads=2)
+    # (GATv2 needs the destinations' features.)
+    x_dst = torch.randn(2, 16, dtype=torch.float64) if family == "gatv2" else None
+    x = (torch.randn(4, 8, dtype=torch.float64), x_dst)
     ours, theirs = ours.to(device), theirs.to(device)
     x = tuple(None if t is None else t.to(device) for t in x)
     assert_same(ours, theirs, op, x, adj)

@@ -42,6 +42,19 @@ class FusedInputs(NamedTuple):
     extra: Any = None  # what the layer's output step needs (residual, root features)
 
 
+class _Routed:
+    # What the fused path attaches to the routing adjacency it hands to
+    # propagate, for message_and_aggregate: the prepared graph, the op's
+    # per-edge inputs in CSR order (or None), and the op's row
+    # log-sum-exp once it ran.
+    __slots__ = ("graph", "edge_values", "lse")
+
+    def __init__(self, graph: graphs.Graph, edge_values: OptTensor) -> None:
+        self.graph = graph
+        self.edge_values = edge_values
+        self.lse: OptTensor = None
+
+
 class FusedAttention:
     """Mixed into a subclass of a PyG attention layer (listed before it), which
     provides ``fused_attention``, ``_fused_head_supported(heads, channels, dtype)``
@@ -142,12 +155,12 @@ class FusedAttention:
 
         graph = graphs.prepare(edge_index, num_src, num_dst, self_loops=loops,
                                need_csc=self._need_csc(*inputs.grad_inputs, edge))
-        routed = graphs.Routed(graph, None if edge is None else graph.to_csr_order(edge, loop_edge))
+        routed = _Routed(graph, None if edge is None else graph.to_csr_order(edge, loop_edge))
         if is_compiling():
             # PyG's generated propagate runs no hook under torch.compile: the
             # compiled graph runs what message_and_aggregate runs, without
             # the routing adjacency's ops.
-            out = self._fused_aggregate(routed, **inputs.propagate_kwargs)
+            out = self._run_routed(routed, **inputs.propagate_kwargs)
         else:
             routing = graphs.routing_adjacency(edge_index, graph, num_src)
             routing._pma_routed = routed
@@ -166,18 +179,26 @@ class FusedAttention:
         return out, self._attention_weights(edge_index, loops, lse, logits, edge, loop_edge,
                                             inputs.src.dtype)
 
-    def _fused_aggregate(self, routed: Optional[graphs.Routed], **inputs: Any) -> OptTensor:
-        # message_and_aggregate on the fused path: the op on the routed graph
-        # (its lse kept for the attention weights); None for any other
-        # adjacency, which only PyG's path of a layer that aggregates PyG's
-        # weights itself passes.
+    def _fused_aggregate(self, edge_index: Adj, **inputs: Any) -> OptTensor:
+        # message_and_aggregate on the fused path's routing adjacency: the
+        # op; None for any other adjacency, which only PyG's path of a layer
+        # that aggregates PyG's weights itself passes.
+        routed = getattr(edge_index, "_pma_routed", None)
         if routed is None:
             if not self._aggregates_pyg_weights:
                 raise RuntimeError(f"{type(self).__name__}.message_and_aggregate serves the "
                                    "fused path's prepared graph only")
             return None
+        return self._run_routed(routed, **inputs)
+
+    def _run_routed(self, routed: _Routed, **inputs: Any) -> Tensor:
+        # The op on the routed graph, its lse kept for the attention weights.
         out, routed.lse = self._fused_op(routed.graph, routed.edge_values, **inputs)
         return routed.graph.crop_rows(out)
+
+    def _fused_edge_values(self, edge_attr: Tensor) -> Tensor:
+        # GATv2Conv, TransformerConv: the projected edge features per head.
+        return self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
 
     @staticmethod
     def _wants_weights(return_attention_weights: Optional[bool]) -> bool:

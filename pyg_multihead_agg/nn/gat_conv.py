@@ -336,7 +336,8 @@ class GATConv(FusedAttention, PyGGATConv):
                            (x_src, alpha_src, alpha_dst), res)
 
     def _fused_edge_values(self, edge_attr: Tensor) -> Tensor:
-        return self._edge_scores(edge_attr)
+        # PyG's edge scores: the projected features summed against att_edge.
+        return (super()._fused_edge_values(edge_attr) * self.att_edge).sum(dim=-1)
 
     def _fused_op(self, graph: graphs.Graph, s_edge: OptTensor, x: OptPairTensor,
                   alpha: Tuple[Tensor, OptTensor]):
@@ -360,10 +361,6 @@ class GATConv(FusedAttention, PyGGATConv):
             logit = logit + edge.to(dtype)
         return F.leaky_relu(logit, self.negative_slope)
 
-    def _edge_scores(self, edge_attr: Tensor) -> Tensor:
-        edge_feat = self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
-        return (edge_feat * self.att_edge).sum(dim=-1)
-
     def message_and_aggregate(self, edge_index: Adj, x: OptPairTensor,
                               alpha: Union[Tensor, Tuple[Tensor, OptTensor]]) -> Tensor:
         # PyG's propagate calls this for sparse adjacencies. On the fused
@@ -372,7 +369,7 @@ class GATConv(FusedAttention, PyGGATConv):
         # SparseTensor, torch.sparse or column-sorted EdgeIndex) it
         # aggregates PyG's attention weights alpha [E, H], which arrive in
         # the adjacency's edge order.
-        out = self._fused_aggregate(graphs.routed(edge_index), x=x, alpha=alpha)
+        out = self._fused_aggregate(edge_index, x=x, alpha=alpha)
         if out is not None:
             return out
         x_src, x_dst = x

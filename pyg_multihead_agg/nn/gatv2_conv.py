@@ -215,9 +215,6 @@ class GATv2Conv(FusedAttention, PyGGATv2Conv):
         return FusedInputs(x_l, x_r, dict(x=(x_l, x_r), alpha=None),
                            (x_l, x_r, self.att), res)
 
-    def _fused_edge_values(self, edge_attr: Tensor) -> Tensor:
-        return self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
-
     def _fused_op(self, graph: graphs.Graph, e_feat: OptTensor, x: PairTensor, alpha: None):
         x_l, x_r = x
         # The bias goes into the op (_op_bias); the residual is added after.
@@ -240,4 +237,4 @@ class GATv2Conv(FusedAttention, PyGGATv2Conv):
         # PyG's propagate calls this for the fused path's prepared graph
         # only (PyG's own path runs PyG's message and aggregate): the fused
         # attention op.
-        return self._fused_aggregate(graphs.routed(edge_index), x=x, alpha=alpha)
+        return self._fused_aggregate(edge_index, x=x, alpha=alpha)

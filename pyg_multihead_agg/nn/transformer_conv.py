@@ -219,9 +219,6 @@ class TransformerConv(FusedAttention, PyGTransformerConv):
         return FusedInputs(key, query, dict(query=query, key=key, value=value, edge_attr=None),
                            (query, key, value), x[1])
 
-    def _fused_edge_values(self, edge_attr: Tensor) -> Tensor:
-        return self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
-
     def _scale(self) -> float:
         return 1.0 / math.sqrt(self.out_channels) if self.out_channels > 0 else 1.0
 
@@ -263,5 +260,5 @@ class TransformerConv(FusedAttention, PyGTransformerConv):
         # PyG's propagate calls this for the fused path's prepared graph
         # only (PyG's own path runs PyG's message and aggregate): the fused
         # attention op.
-        return self._fused_aggregate(graphs.routed(edge_index), query=query, key=key, value=value,
+        return self._fused_aggregate(edge_index, query=query, key=key, value=value,
                                      edge_attr=edge_attr)
