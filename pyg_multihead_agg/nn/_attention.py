@@ -155,23 +155,28 @@ class FusedAttention:
 
         graph = graphs.prepare(edge_index, num_src, num_dst, self_loops=loops,
                                need_csc=self._need_csc(*inputs.grad_inputs, edge))
-        routed = _Routed(graph, None if edge is None else graph.to_csr_order(edge, loop_edge))
+        edge_values = None if edge is None else graph.to_csr_order(edge, loop_edge)
         if is_compiling():
             # PyG's generated propagate runs no hook under torch.compile: the
-            # compiled graph runs what message_and_aggregate runs, without
-            # the routing adjacency's ops.
-            out = self._run_routed(routed, **inputs.propagate_kwargs)
+            # compiled graph runs the op that message_and_aggregate runs,
+            # without the routing adjacency's ops, and with no _Routed (a
+            # graph break before this point would hand it to a resumed frame
+            # as an input, which Dynamo cannot wrap).
+            out, lse = self._fused_op(graph, edge_values, **inputs.propagate_kwargs)
+            out = graph.crop_rows(out)
         else:
+            routed = _Routed(graph, edge_values)
             routing = graphs.routing_adjacency(edge_index, graph, num_src)
             routing._pma_routed = routed
             try:
                 out = self.propagate(routing, **inputs.propagate_kwargs)
             finally:
                 routing._pma_routed = None
+            lse = routed.lse
         out = self._fused_output(out, inputs)
         if not self._wants_weights(return_attention_weights):
             return out
-        lse = graph.crop_rows(routed.lse)
+        lse = graph.crop_rows(lse)
 
         def logits(src: Tensor, dst: Tensor, edge_values: OptTensor) -> Tensor:
             return self._fused_logits(inputs, src, dst, edge_values, lse.dtype)
