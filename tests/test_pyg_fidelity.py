@@ -1,5 +1,6 @@
 """Inputs where a drop-in must behave exactly as PyG's layer: the three layers
 against PyG's on the same state_dict, with proof that our fused op ran."""
+import functools
 import importlib.util
 import subprocess
 import sys
@@ -266,3 +267,60 @@ def test_message_hooks_see_pygs_messages_on_sparse_adjacencies(family):
     handle.remove()
     assert messages and not ran
     torch.testing.assert_close(out, theirs(x, adj))
+
+
+# Where nothing can observe PyG's propagate (no message_and_aggregate hook,
+# nothing replaced), the layer calls the op itself; a subclass or an
+# instance that replaces propagate, message_and_aggregate or update gets
+# them called, on the fused path, with the op inside.
+
+def _subclass(family, **overrides):
+    ours_cls = LAYERS[family][0]
+    return type(f"User{ours_cls.__name__}", (ours_cls,), overrides)
+
+
+@pytest.mark.parametrize("replaced", ["message_and_aggregate", "update", "propagate", "instance"])
+@pytest.mark.parametrize("family", list(LAYERS))
+def test_replaced_propagate_steps_run_on_the_fused_path(family, replaced):
+    ours, theirs, op = pair(family, 4, 6, heads=2)
+    x = torch.randn(5, 4, dtype=torch.float64)
+    edge_index = torch.tensor([[0, 1, 2, 3, 4, 0], [1, 0, 1, 1, 2, 4]])
+    calls = []
+    assert not ours._propagate_observed()
+    if replaced == "instance":
+        plain = ours.message_and_aggregate
+
+        def message_and_aggregate(*args, **kwargs):
+            calls.append("message_and_aggregate")
+            return plain(*args, **kwargs)
+
+        ours.message_and_aggregate = message_and_aggregate
+        user = ours
+    else:
+        @functools.wraps(getattr(LAYERS[family][0], replaced))  # PyG inspects its signature
+        def method(self, *args, **kwargs):
+            calls.append(replaced)
+            return getattr(super(type(self), self), replaced)(*args, **kwargs)
+
+        torch.manual_seed(0)
+        user = _subclass(family, **{replaced: method})(4, 6, heads=2).double()
+        user.load_state_dict(ours.state_dict())
+    assert user._propagate_observed()
+    out, ran = ops_run(lambda: user(x, edge_index))
+    assert calls and ran == {op}
+    torch.testing.assert_close(out, theirs(x, edge_index))
+
+
+@pytest.mark.parametrize("family", list(LAYERS))
+def test_a_message_and_aggregate_hook_routes_through_propagate(family):
+    ours = pair(family, 4, 6, heads=2)[0]
+    assert not ours._propagate_observed()
+    handle = ours.register_message_and_aggregate_forward_pre_hook(lambda module, inputs: None)
+    assert ours._propagate_observed()
+    handle.remove()
+    assert not ours._propagate_observed()
+    # PyG's explain setter binds a propagate to the instance: PyG's own
+    # generated one routes nothing through propagate.
+    ours.explain = True
+    ours.explain = False
+    assert not ours._propagate_observed()

@@ -5,6 +5,7 @@ call and when PyG's own path runs, the input errors PyG leaves bare, the
 index-range check of PyG's path, the self-loop count, the edge-feature rows,
 the bias the op adds, whether the op needs the CSC, and PyG's return
 structure for the attention weights."""
+import os
 from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple, Union
 
 import torch
@@ -53,6 +54,27 @@ class _Routed:
         self.graph = graph
         self.edge_values = edge_values
         self.lse: OptTensor = None
+
+
+# Per (class, propagate, message_and_aggregate, update): whether the class
+# replaces one of PyG's or the layer's own (see _propagate_observed).
+_OBSERVED: Dict[Tuple[Any, ...], bool] = {}
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _class_observes_propagate(cls: type, propagate: Callable, message_and_aggregate: Callable,
+                              update: Callable) -> bool:
+    # PyG's propagate is MessagePassing's, or the one PyG generates for a
+    # class of the hierarchy (from a file named after that class); the fused
+    # path's message_and_aggregate is one of this package's layers'. (By
+    # their code: a wrapper made with functools.wraps takes the names.)
+    generated = tuple(f"{c.__module__}_{c.__name__}_propagate" for c in cls.__mro__)
+    code = getattr(propagate, "__code__", None)
+    pygs = propagate is MessagePassing.propagate or (
+        code is not None and os.path.basename(code.co_filename).startswith(generated))
+    code = getattr(message_and_aggregate, "__code__", None)
+    ours = code is not None and os.path.dirname(os.path.abspath(code.co_filename)) == _HERE
+    return not (pygs and ours and update is MessagePassing.update)
 
 
 class FusedAttention:
@@ -156,12 +178,13 @@ class FusedAttention:
         graph = graphs.prepare(edge_index, num_src, num_dst, self_loops=loops,
                                need_csc=self._need_csc(*inputs.grad_inputs, edge))
         edge_values = None if edge is None else graph.to_csr_order(edge, loop_edge)
-        if is_compiling():
-            # PyG's generated propagate runs no hook under torch.compile: the
-            # compiled graph runs the op that message_and_aggregate runs,
-            # without the routing adjacency's ops, and with no _Routed (a
-            # graph break before this point would hand it to a resumed frame
-            # as an input, which Dynamo cannot wrap).
+        if is_compiling() or not self._propagate_observed():
+            # The op that message_and_aggregate runs, called here where
+            # nothing can observe PyG's propagate (which, with the routing
+            # adjacency, costs about 10 us of host time a call), and under
+            # torch.compile, where PyG's generated propagate runs no hook.
+            # No _Routed: a graph break before this point would hand it to
+            # a resumed frame as an input, which Dynamo cannot wrap.
             out, lse = self._fused_op(graph, edge_values, **inputs.propagate_kwargs)
             out = graph.crop_rows(out)
         else:
@@ -183,6 +206,26 @@ class FusedAttention:
 
         return out, self._attention_weights(edge_index, loops, lse, logits, edge, loop_edge,
                                             inputs.src.dtype)
+
+    def _propagate_observed(self) -> bool:
+        # Whether the fused op must run inside PyG's propagate: a
+        # message_and_aggregate hook is registered, or the instance or a
+        # subclass replaces propagate, message_and_aggregate or update.
+        if (self._message_and_aggregate_forward_pre_hooks
+                or self._message_and_aggregate_forward_hooks):
+            return True
+        own = self.__dict__
+        if "message_and_aggregate" in own or "update" in own:
+            return True
+        cls = type(self)
+        bound = own.get("propagate")  # set by PyG's explain setter, or by a user
+        if bound is not None and getattr(bound, "__func__", None) is not cls.propagate:
+            return True
+        key = (cls, cls.propagate, cls.message_and_aggregate, cls.update)
+        observed = _OBSERVED.get(key)
+        if observed is None:
+            observed = _OBSERVED[key] = _class_observes_propagate(*key)
+        return observed
 
     def _fused_aggregate(self, edge_index: Adj, **inputs: Any) -> OptTensor:
         # message_and_aggregate on the fused path's routing adjacency: the
