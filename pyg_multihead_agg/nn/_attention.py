@@ -21,13 +21,14 @@ from .. import graph as graphs
 # PyG's MessagePassing hook dictionaries but message_and_aggregate's (which
 # fire on the fused path, around the op): with any of these registered, the
 # layer takes PyG's path, where the hooks see the messages they expect.
-HOOKS = ("propagate_forward_pre", "propagate_forward", "message_forward_pre", "message_forward",
-         "aggregate_forward_pre", "aggregate_forward", "edge_update_forward_pre",
-         "edge_update_forward")
+HOOKS = tuple(f"_{name}_hooks" for name in (
+    "propagate_forward_pre", "propagate_forward", "message_forward_pre", "message_forward",
+    "aggregate_forward_pre", "aggregate_forward", "edge_update_forward_pre",
+    "edge_update_forward"))
 # Hooks that must see PyG's messages: on PyG's path, propagate then skips
 # message_and_aggregate.
-MESSAGE_HOOKS = ("message_forward_pre", "message_forward", "aggregate_forward_pre",
-                 "aggregate_forward")
+MESSAGE_HOOKS = tuple(f"_{name}_hooks" for name in (
+    "message_forward_pre", "message_forward", "aggregate_forward_pre", "aggregate_forward"))
 
 # logits(src, dst, edge_values) -> [E, H]: a layer's attention logits of the
 # edges (src[e] -> dst[e]), edge_values per edge or None.
@@ -132,8 +133,7 @@ class FusedAttention:
             return False
         if not self.__dict__.get("_on_pyg_path", False):
             return True
-        return self._aggregates_pyg_weights and not any(
-            len(getattr(self, f"_{name}_hooks")) > 0 for name in MESSAGE_HOOKS)
+        return self._aggregates_pyg_weights and not any(map(self.__dict__.get, MESSAGE_HOOKS))
 
     @fuse.setter
     def fuse(self, value: bool) -> None:
@@ -304,8 +304,7 @@ class FusedAttention:
         # for (the fused op does not materialise the mask).
         if not getattr(self, "fused_attention", True) or self.decomposed_layers > 1:
             return False
-        if getattr(self, "_explain", None) or any(
-                len(getattr(self, f"_{name}_hooks")) > 0 for name in HOOKS):
+        if getattr(self, "_explain", None) or any(map(self.__dict__.get, HOOKS)):
             return False
         if (return_attention_weights and self._weights_after_dropout and self.training
                 and self.dropout > 0):
