@@ -104,6 +104,17 @@ GATV2=(
   "$V::test_heads_and_channels[3-48-float32-gatv2-cuda]"
   "$V::test_heads_and_channels[1-7-bfloat16-gatv2-cuda]"
 )
+# The TransformerConv kernels (TransformerScore on the skeleton, the
+# destination pass that gathers the keys): the same shapes as GATv2's.
+TRANSFORMER=(
+  "$V::test_forward_matches_reference[8x50-E400-H8-D64-hub-float32-int32-e_feat-p0.5-transformer-cuda]"
+  "$V::test_forward_matches_reference[60x6-E800-H3-D16-bfloat16-int64-e_feat-p0.5-transformer-cuda]"
+  "$V::test_backward_matches_reference[8x50-E400-H8-D64-hub-f32-i32-edge_dropout-csc_perm_inv-transformer-cuda]"
+  "$V::test_backward_matches_reference[60x6-E800-H3-D16-bf16-i64-edge_bias-csc-transformer-cuda]"
+  "$V::test_backward_matches_reference[25x25-E60-H2-D33-f16-i32-dropout-no_csc-transformer-cuda]"
+  "$V::test_heads_and_channels[3-48-float32-transformer-cuda]"
+  "$V::test_heads_and_channels[1-7-bfloat16-transformer-cuda]"
+)
 # The transposed dot-product kernels (heads of 8 and 4 lanes: float32 D = 32,
 # bf16 D = 32, float32 D = 16) against the per-lane ones, hub included.
 TRANSPOSED=(
@@ -177,15 +188,15 @@ OURS=(--kernel-name kns=pyg_multihead_agg)
 
 selection() {
   case "$1" in
-    memcheck) echo "${SMALL[@]}" "${NARROW[@]}" "${HUB[@]}" "${GAT[@]}" "${GATV2[@]}" "${TRANSPOSED[@]}" \
+    memcheck) echo "${SMALL[@]}" "${NARROW[@]}" "${HUB[@]}" "${GAT[@]}" "${GATV2[@]}" "${TRANSFORMER[@]}" "${TRANSPOSED[@]}" \
       "${SORTED[@]}" "${PERMINV[@]}" "${TC[@]}" "${MALFORMED[@]}";;
     memcheck_large) echo "tests/test_large_index.py::test_many_source_rows[4-64-index_dtype0]";;
     racecheck) echo "${HUB[@]}" "${SMALL[0]}" "${SMALL[2]}" "${GAT[@]:1:2}" "${GAT[@]:4:2}" \
-      "${SORTED[@]:0:1}" "${PERMINV[@]:0:2}" "${TC[@]:0:2}" "${TC[@]:5:1}" "${GATV2[@]:0:3}";;
+      "${SORTED[@]:0:1}" "${PERMINV[@]:0:2}" "${TC[@]:0:2}" "${TC[@]:5:1}" "${GATV2[@]:0:3}" "${TRANSFORMER[@]:0:3}";;
     initcheck) echo "${SMALL[@]:0:3}" "${NARROW[0]}" "${HUB[0]}" \
-      "$K::test_malformed_graphs_do_not_fault" "${GAT[@]}" "${GATV2[@]}" "${TRANSPOSED[@]}";;
+      "$K::test_malformed_graphs_do_not_fault" "${GAT[@]}" "${GATV2[@]}" "${TRANSFORMER[@]}" "${TRANSPOSED[@]}";;
     synccheck) echo "${SMALL[@]:0:3}" "${NARROW[0]}" "${HUB[@]}" "${GAT[@]}" "${TRANSPOSED[@]}" \
-      "${SORTED[@]}" "${PERMINV[@]:0:4}" "${TC[@]:0:3}" "${TC[@]:5:1}" "${GATV2[@]}";;
+      "${SORTED[@]}" "${PERMINV[@]:0:4}" "${TC[@]:0:3}" "${TC[@]:5:1}" "${GATV2[@]}" "${TRANSFORMER[@]}";;
   esac
 }
 

@@ -1,7 +1,8 @@
 """The fused attention ops whose scores read the feature rows, each against
 its float64 reference (tests/gat_reference.py): ``gatv2_attention``
 (GATv2's per-channel score; CPU and CUDA, padded head layouts on CUDA) and
-``transformer_attention`` (the scaled dot product; CPU kernels so far).
+``transformer_attention`` (the scaled dot product; CPU and CUDA, the same
+padded head layouts on CUDA).
 Forward (out and lse), backward (every input's gradient, and through lse),
 gradcheck, opcheck, torch.compile, autocast, bad input and determinism, for
 each op; then what is particular to each (the CUDA head rule, negative_slope,
@@ -77,7 +78,7 @@ GATV2 = Op("gatv2", ("x_l", "x_r", "att"), (True, False, None), pma.gatv2_attent
            ["cpu", _cuda()])
 TRANSFORMER = Op("transformer", ("query", "key", "value"), (False, True, True),
                  pma.transformer_attention, reference_transformer_attention,
-                 lambda a, b, c, e, f: (a, b, c, e, f), "key", 0.3, ["cpu"])  # CPU kernels
+                 lambda a, b, c, e, f: (a, b, c, e, f), "key", 0.3, ["cpu", _cuda()])
 OPS = [GATV2, TRANSFORMER]
 # (op, device) pairs: the devices each op has kernels on.
 OP_DEVICES = [pytest.param(op, d.values[0] if hasattr(d, "values") else d,
@@ -117,11 +118,11 @@ def reference(inp: Inputs, leaves=None, **kw):
 
 
 def refused_on_cuda(inp: Inputs, dtype) -> bool:
-    """GATv2 on CUDA: whether its kernels refuse this head shape (more than 32
-    vectors a head, or rows over 128 vectors); then a clear error, and True."""
+    """On CUDA: whether the kernels refuse this head shape (more than 32
+    vectors a head, or rows over 128 vectors: the padded layout both ops
+    share); then a clear error, and True."""
     heads, channels = inp.a.shape[1:]
-    if (inp.op is not GATV2 or inp.a.device.type != "cuda"
-            or fused_head_supported(heads, channels, dtype)):
+    if inp.a.device.type != "cuda" or fused_head_supported(heads, channels, dtype):
         return False
     with pytest.raises(RuntimeError, match="the CUDA kernel supports heads of at most"):
         run_op(inp)

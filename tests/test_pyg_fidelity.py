@@ -115,9 +115,7 @@ def test_edge_features_from_the_adjacency_values(family, kind, device):
     x = torch.randn(5, 4, generator=gen, dtype=torch.float64)
     ours, theirs = ours.to(device), theirs.to(device)
     adj = adj.to(device)
-    # (TransformerConv runs PyG's layer on CUDA until its operator has a CUDA kernel.)
-    fused = not (family == "transformer" and device == "cuda")
-    assert_same(ours, theirs, op, x.to(device), adj, fused=fused)
+    assert_same(ours, theirs, op, x.to(device), adj)
     # The same as the explicit features (the adjacency's own edge order).
     values = adj.storage.value() if kind == "sparse_tensor" else adj.values()
     torch.testing.assert_close(ours(x.to(device), adj), ours(x.to(device), adj, values))

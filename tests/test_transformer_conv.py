@@ -14,7 +14,7 @@ from typing import NamedTuple, Optional
 import pytest
 import torch
 import torch_geometric.nn
-from conftest import rel_error
+from conftest import DEVICES, rel_error
 from test_gat_conv import KINDS, assert_matches, make_adj, same_structure, weights_of
 from test_gat_conv import make_graph as make_edges
 from test_gatv2_conv import (
@@ -31,6 +31,7 @@ from torch_geometric.typing import WITH_TORCH_SPARSE, SparseTensor
 from torch_geometric.utils import to_torch_csc_tensor
 
 from pyg_multihead_agg.nn import GATConv, TransformerConv
+from pyg_multihead_agg.nn.gatv2_conv import fused_head_supported as gatv2_fused_head_supported
 from pyg_multihead_agg.nn.transformer_conv import fused_head_supported
 
 FUSED_OP = "pyg_multihead_agg::transformer_attention"
@@ -128,36 +129,40 @@ MATCH_CASES = [
 
 
 @pytest.mark.sweep
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case,kind", MATCH_CASES)
-def test_matches_pyg(case, kind):
+def test_matches_pyg(case, kind, device):
     """float64: outputs and every gradient equal PyG's; the fused op ran
     once forward and once backward, and nothing else of ours."""
     seed = 1 + CASES.index(case)
     edge_index, x_src, x_dst, edge_attr = make_graph(case, seed)
     _, ours = make_layers(case, seed)
-    adj, perm = make_adj(kind, edge_index, case.num_src, case.num_dst)
-    ours_attr = None if edge_attr is None else edge_attr[perm]
+    adj, perm = make_adj(kind, edge_index.to(device), case.num_src, case.num_dst)
+    to = dict(device=device, dtype=torch.float64)
+    ours_attr = None if edge_attr is None else edge_attr[perm.cpu()].to(**to)
     ref_out, ref_grads = reference(case, seed, edge_index, x_src, x_dst, edge_attr, perm)
     with OpCalls() as ops:
-        out, grads = run(ours.double(), case, adj, x_src, x_dst, ours_attr)
+        out, grads = run(ours.to(**to), case, adj, x_src.to(**to), x_dst.to(**to), ours_attr)
     assert ops.calls == {FUSED_OP: 1, FUSED_BACKWARD: 1}
-    assert out.dtype == torch.float64
+    assert out.dtype == torch.float64 and out.device.type == device
     assert_matches_pyg(out, grads, ref_out, ref_grads, 1e-12)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("case_name", ["heads3", "bipartite_edge_dim_beta"])
-def test_matches_pyg_float32(case_name, kind):
+def test_matches_pyg_float32(case_name, kind, device):
     case = case_named(case_name)
     edge_index, x_src, x_dst, edge_attr = make_graph(case, 2)
     _, ours = make_layers(case, 2)
-    adj, perm = make_adj(kind, edge_index, case.num_src, case.num_dst)
-    ours_attr = None if edge_attr is None else edge_attr[perm].float()
+    adj, perm = make_adj(kind, edge_index.to(device), case.num_src, case.num_dst)
+    to = dict(device=device, dtype=torch.float32)
+    ours_attr = None if edge_attr is None else edge_attr[perm.cpu()].to(**to)
     ref_out, ref_grads = reference(case, 2, edge_index, x_src, x_dst, edge_attr, perm)
     with OpCalls() as ops:
-        out, grads = run(ours.float(), case, adj, x_src.float(), x_dst.float(), ours_attr)
+        out, grads = run(ours.to(**to), case, adj, x_src.to(**to), x_dst.to(**to), ours_attr)
     assert ops.calls == {FUSED_OP: 1, FUSED_BACKWARD: 1}
-    assert out.dtype == torch.float32
+    assert out.dtype == torch.float32 and out.device.type == device
     assert_matches_pyg(out, grads, ref_out, ref_grads, 1e-5)
 
 
@@ -226,7 +231,7 @@ def test_autocast_bfloat16_loosely(kind):
 
 
 # PyG's own path: fused_attention=False, hooks, the explainer, decomposed
-# layers, edge features without edge_dim, CUDA.
+# layers, edge features without edge_dim, CUDA heads wider than the kernels'.
 
 @pytest.mark.parametrize("kind", [_unwrap(k)[0] for k in KINDS])
 def test_fused_attention_false_is_pyg(kind):
@@ -325,26 +330,31 @@ def test_edge_attr_without_edge_dim_is_pyg(edge_attr_shape):
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
 
-def test_fused_head_supported_is_false():
-    # transformer_attention has no CUDA kernels: PyG's path on CUDA.
-    for heads, channels, dtype in ((1, 8, torch.float32), (4, 64, torch.float16),
-                                   (8, 16, torch.float64)):
-        assert not fused_head_supported(heads, channels, dtype)
+def test_fused_head_supported_is_gatv2s_rule():
+    # The scaled dot product shares GATv2's padded head layout on CUDA.
+    for heads, channels in ((1, 8), (4, 32), (3, 48), (2, 100), (1, 256), (8, 64), (16, 8)):
+        for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+            assert (fused_head_supported(heads, channels, dtype)
+                    == gatv2_fused_head_supported(heads, channels, dtype))
+    assert fused_head_supported(4, 32, torch.float32)
+    assert not fused_head_supported(1, 256, torch.float32)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_cuda_takes_pyg_path():
+@pytest.mark.parametrize("channels,fused", [(16, True), (256, False)])
+def test_cuda_wide_heads_take_pyg_path(channels, fused):
+    # Heads the CUDA kernels serve run the fused op; wider ones PyG's path.
     torch.manual_seed(0)
-    ref = torch_geometric.nn.TransformerConv(8, 16, heads=2, edge_dim=3).cuda()
-    ours = TransformerConv(8, 16, heads=2, edge_dim=3).cuda()
+    ref = torch_geometric.nn.TransformerConv(8, channels, heads=2, edge_dim=3).cuda()
+    ours = TransformerConv(8, channels, heads=2, edge_dim=3).cuda()
     ours.load_state_dict(ref.state_dict())
     x = torch.randn(30, 8, device="cuda")
     edge_index = torch.randint(0, 30, (2, 100), device="cuda")
     edge_attr = torch.randn(100, 3, device="cuda")
     with OpCalls() as ops:
         out = ours(x, edge_index, edge_attr)
-    assert not ops.calls
-    torch.testing.assert_close(out, ref(x, edge_index, edge_attr))
+    assert bool(ops.calls) == fused
+    torch.testing.assert_close(out, ref(x, edge_index, edge_attr), rtol=1e-4, atol=1e-5)
 
 
 # return_attention_weights

@@ -11,18 +11,19 @@ from .. import graph as graphs
 from .. import ops
 from ._attention import FusedAttention, FusedInputs
 from ._compat import fake_safe_edge_index_repr
+from .gatv2_conv import fused_head_supported as _padded_heads_supported
 
 fake_safe_edge_index_repr()  # for torch.compile with EdgeIndex inputs on torch 2.11
 
 
 def fused_head_supported(heads: int, channels: int, dtype: torch.dtype) -> bool:
-    """Whether CUDA kernels of :func:`~pyg_multihead_agg.transformer_attention`
-    serve ``heads`` heads of ``channels`` in ``dtype``: none do, the operator
-    has CPU kernels only, and :class:`TransformerConv` runs PyG's path on
-    CUDA. The CUDA kernel comes with the attention skeleton's third score
-    policy (the scaled dot product, design.md section 6); this predicate
-    then states its row rule, as :mod:`.gatv2_conv`'s does."""
-    return False
+    """Whether the CUDA kernels of :func:`~pyg_multihead_agg.transformer_attention`
+    serve ``heads`` heads of ``channels`` in ``dtype``: the rule of
+    :func:`~pyg_multihead_agg.nn.gatv2_conv.fused_head_supported`, whose
+    padded head layout the scaled dot product shares (at most 32 16-byte
+    vectors per head, and a row of ``heads * next_pow2(vectors)`` vectors of
+    at most 128; csrc/cuda/attention/heuristics.cuh, gatv2_row_config)."""
+    return _padded_heads_supported(heads, channels, dtype)
 
 
 class TransformerConv(FusedAttention, PyGTransformerConv):
@@ -66,10 +67,12 @@ class TransformerConv(FusedAttention, PyGTransformerConv):
     kernel cannot serve: with PyG's message-passing hooks or the explainer,
     with :obj:`decomposed_layers > 1`, with :obj:`fused_attention=False`, for
     :obj:`edge_attr` given to a layer without :obj:`edge_dim` (PyG then adds
-    the raw features to the values only), and on CUDA (the operator has CPU
-    kernels only). The dropout mask is drawn from a Philox stream keyed by
-    :func:`torch.manual_seed`, not PyG's, so training runs with dropout
-    differ from PyG's in the mask (not in distribution).
+    the raw features to the values only), and on CUDA for heads wider than
+    the kernels serve (:func:`fused_head_supported`: more than 128 float32
+    channels, 256 in half types, 64 in float64). The dropout mask is drawn
+    from a Philox stream keyed by :func:`torch.manual_seed`, not PyG's, so
+    training runs with dropout differ from PyG's in the mask (not in
+    distribution).
 
     Args:
         in_channels (int or tuple): Size of each input sample, or :obj:`-1` to

@@ -1,4 +1,5 @@
-// The fused attention's CUDA entry points (gat_attention, gatv2_attention):
+// The fused attention's CUDA entry points (gat_attention, gatv2_attention,
+// transformer_attention):
 // input checks, the choice between the all-heads kernels (fast path) and,
 // for GAT, the per-head ones (other shapes; GATv2 pads them instead), and the
 // CUDA IMPL block. The kernels and their launchers are in the
@@ -430,6 +431,157 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_attention_backw
   return {grad_xl, grad_xr, grad_att, grad_ef};
 }
 
+// TransformerConv: the heads padded as GATv2's (zero channels in query,
+// key, value and e_feat leave every logit and output unchanged).
+std::tuple<at::Tensor, at::Tensor> transformer_attention_cuda(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& query,
+    const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& e_feat,
+    double scale, double dropout_p, const std::optional<at::Tensor>& philox,
+    const std::optional<at::Tensor>& /*colptr*/, const std::optional<at::Tensor>& /*row*/,
+    const std::optional<at::Tensor>& /*perm*/, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& /*perm_inv*/) {
+  const auto s = check_transformer_attention(rowptr, col, query, key, value, e_feat, dropout_p,
+                                             philox, bias);
+  TORCH_CHECK(key.is_cuda(), "key must be a CUDA tensor for the CUDA kernel");
+  const c10::cuda::CUDAGuard guard(key.device());
+  TORCH_CHECK(s.H * s.D <= INT_MAX, "heads * channels must be below 2^31");
+  const auto lse_dtype = at::toOpMathType(key.scalar_type());
+  const bool has_bias = bias.has_value() && bias->defined();
+  const bool has_edge = e_feat.has_value() && e_feat->defined();
+  if (s.N_dst == 0 || s.H == 0 || s.E == 0 || s.D == 0) {
+    // Every logit is 0 (no channels) or there is none: lse = log(degree)
+    // (-inf for rows without edges), out = 0 (+ bias).
+    auto out = at::zeros({s.N_dst, s.H, s.D}, key.options());
+    if (has_bias) out.add_(*bias);
+    auto lse = rowptr.diff().to(lse_dtype).log_().unsqueeze(1).expand({s.N_dst, s.H});
+    return {out, lse.contiguous()};
+  }
+  at::Tensor out, lse = at::empty({s.N_dst, s.H}, key.options().dtype(lse_dtype));
+  const auto rowptr_c = rowptr.contiguous(), col_c = col.contiguous();
+  const at::Tensor ef = has_edge ? *e_feat : at::Tensor();
+  FLOAT_SWITCH(key.scalar_type(), "transformer_attention", [&] {
+    const int64_t Dp = gatv2_padded_channels<scalar_t>(s.D, {&query, &key, &value, &ef});
+    const RowConfig rc = gatv2_checked_config<scalar_t>(s.H, Dp, "transformer_attention");
+    const auto q_c = pad_channels(query, Dp), k_c = pad_channels(key, Dp);
+    const auto v_c = pad_channels(value, Dp), ef_c = pad_channels(ef, Dp);
+    // Every row is written by the kernel (rows without edges get zeros, -inf).
+    auto out_p = at::empty({s.N_dst, s.H, Dp}, key.options());
+    INDEX_SWITCH(rowptr.scalar_type(), "transformer_attention", [&] {
+      using acc_t = at::opmath_type<scalar_t>;
+      AttentionParams<scalar_t, index_t> p{};
+      p.ptr = rowptr_c.data_ptr<index_t>();
+      p.idx = col_c.data_ptr<index_t>();
+      p.x = v_c.data_ptr<scalar_t>();
+      p.key = k_c.data_ptr<scalar_t>();
+      p.x_dst = q_c.data_ptr<scalar_t>();
+      p.e_feat = has_edge ? ef_c.data_ptr<scalar_t>() : nullptr;
+      p.out = out_p.data_ptr<scalar_t>();
+      p.lse_out = lse.data_ptr<acc_t>();
+      p.num_rows = s.N_dst;
+      p.num_gathered = s.N_src;
+      p.num_edges = s.E;
+      p.H = static_cast<int>(s.H);
+      p.D = static_cast<int>(Dp);
+      p.HD = static_cast<int>(s.H * Dp);
+      p.score_scale = static_cast<acc_t>(scale);
+      p.scale = dropout_scale<acc_t>(dropout_p);
+      p.rng = make_rng(dropout_p, philox);
+      launch_transformer_forward_rows(p, rc, rowptr.options());
+    });
+    out = crop_channels(out_p, s.D);
+  });
+  if (has_bias) out.add_(*bias);
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> transformer_attention_backward_cuda(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
+    const at::Tensor& row, const at::Tensor& perm, const at::Tensor& query,
+    const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& e_feat,
+    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out,
+    const std::optional<at::Tensor>& grad_lse, double scale, double dropout_p,
+    const std::optional<at::Tensor>& philox, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& perm_inv) {
+  const auto s = check_transformer_attention_backward(
+      rowptr, col, colptr, row, perm, query, key, value, e_feat, out, lse, grad_out, grad_lse,
+      dropout_p, philox, bias, perm_inv);
+  TORCH_CHECK(key.is_cuda(), "key must be a CUDA tensor for the CUDA kernel");
+  const c10::cuda::CUDAGuard guard(key.device());
+  const bool has_edge = e_feat.has_value() && e_feat->defined();
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (s.E == 0 || s.H == 0 || s.N_dst == 0 || s.N_src == 0 || s.D == 0) {
+    return {at::zeros_like(query), at::zeros_like(key), at::zeros_like(value),
+            at::zeros({has_edge ? s.E : 0, s.H, s.D}, key.options())};
+  }
+  const auto acc_dtype = at::toOpMathType(key.scalar_type());
+  const bool has_inv = perm_inv.has_value() && perm_inv->defined();
+  const auto inv_c = has_inv ? perm_inv->contiguous() : at::Tensor();
+  const bool has_glse = grad_lse.has_value() && grad_lse->defined();
+  const auto glse_c = has_glse ? grad_lse->contiguous() : at::Tensor();
+  const auto lse_c = lse.contiguous();
+  const auto rowptr_c = rowptr.contiguous(), col_c = col.contiguous();
+  const auto colptr_c = colptr.contiguous(), row_c = row.contiguous(), perm_c = perm.contiguous();
+  const at::Tensor ef = has_edge ? *e_feat : at::Tensor();
+  const at::Tensor bs = has_bias ? *bias : at::Tensor();
+  at::Tensor grad_q, grad_k, grad_v, grad_ef;
+  FLOAT_SWITCH(key.scalar_type(), "transformer_attention_backward", [&] {
+    const int64_t Dp = gatv2_padded_channels<scalar_t>(
+        s.D, {&query, &key, &value, &ef, &out, &grad_out, &bs});
+    const RowConfig rc =
+        gatv2_checked_config<scalar_t>(s.H, Dp, "transformer_attention_backward");
+    const auto q_c = pad_channels(query, Dp), k_c = pad_channels(key, Dp);
+    const auto v_c = pad_channels(value, Dp), ef_c = pad_channels(ef, Dp);
+    const auto out_c = pad_channels(out, Dp), go = pad_channels(grad_out, Dp);
+    const auto bias_c = pad_channels(bs, Dp);
+    // The kernels write every source's and destination's gradient, every
+    // edge's logit gradient and (with e_feat) edge gradient when the CSC is
+    // valid (a malformed one leaves them meaningless, never out of bounds:
+    // docs/robustness.md).
+    auto gq = at::empty({s.N_dst, s.H, Dp}, key.options());
+    auto gk = at::empty({s.N_src, s.H, Dp}, key.options());
+    auto gv = at::empty({s.N_src, s.H, Dp}, key.options());
+    auto gef = has_edge ? at::empty({s.E, s.H, Dp}, key.options()) : at::Tensor();
+    auto grad_z = at::empty({s.E, s.H}, key.options().dtype(acc_dtype));
+    INDEX_SWITCH(rowptr.scalar_type(), "transformer_attention_backward", [&] {
+      using acc_t = at::opmath_type<scalar_t>;
+      AttentionParams<scalar_t, index_t> p{};
+      p.ptr = colptr_c.data_ptr<index_t>();
+      p.idx = row_c.data_ptr<index_t>();
+      p.perm = perm_c.data_ptr<index_t>();
+      p.perm_inv = has_inv ? inv_c.data_ptr<index_t>() : nullptr;
+      p.x = v_c.data_ptr<scalar_t>();
+      p.key = k_c.data_ptr<scalar_t>();
+      p.x_dst = q_c.data_ptr<scalar_t>();
+      p.e_feat = has_edge ? ef_c.data_ptr<scalar_t>() : nullptr;
+      p.grad_out = go.data_ptr<scalar_t>();
+      p.lse_in = lse_c.data_ptr<acc_t>();
+      p.grad_lse = has_glse ? glse_c.data_ptr<acc_t>() : nullptr;
+      p.bias = has_bias ? bias_c.data_ptr<scalar_t>() : nullptr;
+      p.out = gv.data_ptr<scalar_t>();
+      p.grad_key = gk.data_ptr<scalar_t>();
+      p.grad_e_feat = has_edge ? gef.data_ptr<scalar_t>() : nullptr;
+      p.grad_z = grad_z.data_ptr<acc_t>();
+      p.num_rows = s.N_src;
+      p.num_gathered = s.N_dst;
+      p.num_edges = s.E;
+      p.H = static_cast<int>(s.H);
+      p.D = static_cast<int>(Dp);
+      p.HD = static_cast<int>(s.H * Dp);
+      p.score_scale = static_cast<acc_t>(scale);
+      p.scale = dropout_scale<acc_t>(dropout_p);
+      p.rng = make_rng(dropout_p, philox);
+      launch_transformer_backward_rows(p, out_c.data_ptr<scalar_t>(), gq.data_ptr<scalar_t>(),
+                                       rowptr_c.data_ptr<index_t>(), col_c.data_ptr<index_t>(),
+                                       rc, colptr.options());
+    });
+    grad_q = crop_channels(gq, s.D);
+    grad_k = crop_channels(gk, s.D);
+    grad_v = crop_channels(gv, s.D);
+    grad_ef = has_edge ? crop_channels(gef, s.D) : at::empty({0, s.H, s.D}, key.options());
+  });
+  return {grad_q, grad_k, grad_v, grad_ef};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(pyg_multihead_agg, CUDA, m) {
@@ -437,6 +589,8 @@ TORCH_LIBRARY_IMPL(pyg_multihead_agg, CUDA, m) {
   m.impl("gat_attention_backward", &gat_attention_backward_cuda);
   m.impl("gatv2_attention", &gatv2_attention_cuda);
   m.impl("gatv2_attention_backward", &gatv2_attention_backward_cuda);
+  m.impl("transformer_attention", &transformer_attention_cuda);
+  m.impl("transformer_attention_backward", &transformer_attention_backward_cuda);
 }
 
 }  // namespace pyg_multihead_agg

@@ -1,6 +1,7 @@
 // attention_rows_kernel: the forward of the fused attention skeleton, all
 // heads of a destination row per group, for every score policy (scores.cuh:
-// GatScore for gat_attention, Gatv2Score for gatv2_attention).
+// GatScore for gat_attention, Gatv2Score for gatv2_attention,
+// TransformerScore for transformer_attention).
 //
 // The lane layout of attention_backward_rows_kernel: a group owns the row's
 // H * D features, S lanes per head. Two ways through a row, chosen per row:
@@ -102,6 +103,7 @@ __device__ __forceinline__ void row_stats_heads(const AttentionParams<scalar_t, 
 template <int U, class Score, typename scalar_t, typename index_t, int V, int VPL,
           typename Finish>
 __device__ __forceinline__ void load_attend_step(bool (&ok)[U], Vec<scalar_t, V> (&xv)[U][VPL],
+                                                 typename Score::Entry (&en)[U][VPL],
                                                  at::opmath_type<scalar_t> (&out)[U][VPL],
                                                  const AttentionParams<scalar_t, index_t>& p,
                                                  int64_t e0, int64_t hi,
@@ -114,7 +116,6 @@ __device__ __forceinline__ void load_attend_step(bool (&ok)[U], Vec<scalar_t, V>
     j[u] = load_index_if(inside, p.idx + e0 + u);
     ok[u] = inside && in_range(j[u], p.num_gathered);
   }
-  typename Score::Entry en[U][VPL];
 #pragma unroll
   for (int u = 0; u < U; ++u)
 #pragma unroll
@@ -154,8 +155,10 @@ __device__ __forceinline__ void attend_heads(at::opmath_type<scalar_t> (&acc)[VP
   for (int64_t e0 = lo; e0 < hi; e0 += U) {
     bool ok[U];
     Vec<scalar_t, V> xv[U][VPL];
+    typename Score::Entry en[U][VPL];
     acc_t l[U][VPL];
-    load_attend_step<U>(ok, xv, l, p, e0, hi, m, score, mask, [](bool, acc_t lk) { return lk; });
+    load_attend_step<U>(ok, xv, en, l, p, e0, hi, m, score, mask,
+                        [](bool, acc_t lk) { return lk; });
     unsigned keep[VPL];
     if (p.rng.threshold != 0)
       draw_keep_bits<U, VPL, index_t>(keep, p.rng, nullptr, e0, hi, q, p.log2S, m.head);
@@ -169,7 +172,7 @@ __device__ __forceinline__ void attend_heads(at::opmath_type<scalar_t> (&acc)[VP
                              : acc_t(1);
         if (!(ok[u] && m.valid[k])) continue;
         const acc_t w = exp_(l[u][k] - lse[k]) * mk;
-        axpy_vec(acc[k], w, xv[u][k]);
+        score.aggregate(p, acc[k], w, xv[u][k], en[u][k]);
       }
     }
   }
@@ -239,7 +242,8 @@ __device__ __forceinline__ void attend_heads_transposed(
 // The one-pass state of this lane's heads over entries [lo, hi) of a row
 // (score: the policy with the row loaded): running maximum mx (scaled
 // units), sum of exp(l - mx), and acc = sum_e exp(l[e] - mx) * mask[e] *
-// x[col[e], h] (not yet normalised).
+// x[col[e], h] (the policy's aggregate: TransformerScore adds the edge's
+// features) (not yet normalised).
 template <class Score, typename scalar_t, typename index_t, int V, int VPL>
 __device__ __forceinline__ void attend_heads_online(at::opmath_type<scalar_t> (&acc)[VPL][V],
                                                     at::opmath_type<scalar_t> (&mx)[VPL],
@@ -262,8 +266,9 @@ __device__ __forceinline__ void attend_heads_online(at::opmath_type<scalar_t> (&
   for (int64_t e0 = lo; e0 < hi; e0 += U) {
     bool ok[U];
     Vec<scalar_t, V> xv[U][VPL];
+    typename Score::Entry en[U][VPL];
     acc_t l[U][VPL];
-    load_attend_step<U>(ok, xv, l, p, e0, hi, m, score, mask, [&](bool use, acc_t lk) {
+    load_attend_step<U>(ok, xv, en, l, p, e0, hi, m, score, mask, [&](bool use, acc_t lk) {
       return use ? lk * scale : -std::numeric_limits<acc_t>::infinity();
     });
     unsigned keep[VPL];
@@ -297,7 +302,7 @@ __device__ __forceinline__ void attend_heads_online(at::opmath_type<scalar_t> (&
         const acc_t w = online_shift(l[u][k], mx[k]);
         sum[k] += w;
         const acc_t wm = w * mk;
-        axpy_vec(acc[k], wm, xv[u][k]);
+        score.aggregate(p, acc[k], wm, xv[u][k], en[u][k]);
       }
     }
   }

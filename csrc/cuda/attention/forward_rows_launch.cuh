@@ -1,7 +1,8 @@
-// The launchers of attention_rows_kernel (launch_gat_forward_rows and
-// launch_gatv2_forward_rows, declared in launchers.cuh). Included by the
-// forward_rows_*.cu and gatv2_forward_*.cu files, each of which instantiates
-// one of them for its dtypes.
+// The launchers of attention_rows_kernel (launch_gat_forward_rows,
+// launch_gatv2_forward_rows and launch_transformer_forward_rows, declared in
+// launchers.cuh). Included by the forward_rows_*.cu, gatv2_forward_*.cu and
+// transformer_forward_*.cu files, each of which instantiates one of them for
+// its dtypes.
 #pragma once
 
 #include <ATen/OpMathType.h>
@@ -57,9 +58,12 @@ void launch_gat_forward_rows(AttentionParams<scalar_t, index_t> p, const RowConf
   });
 }
 
-template <typename scalar_t, typename index_t>
-void launch_gatv2_forward_rows(AttentionParams<scalar_t, index_t> p, const RowConfig& rc,
-                               const at::TensorOptions& options) {
+// The policies whose score needs the gathered row (padded heads, the
+// online pass for every row).
+template <template <typename, typename, int, int> class ScoreT, typename scalar_t,
+          typename index_t>
+void launch_padded_forward_rows(AttentionParams<scalar_t, index_t> p, const RowConfig& rc,
+                                const at::TensorOptions& options) {
   constexpr int kVec = vec_width<scalar_t>();
   p.G = rc.G;
   p.S = rc.S;
@@ -70,10 +74,22 @@ void launch_gatv2_forward_rows(AttentionParams<scalar_t, index_t> p, const RowCo
   const WorkList wl = make_work_list(p.ptr, p.num_rows, p.num_edges, false, storage, options);
   auto stream = c10::cuda::getCurrentCUDAStream();
   VPL_SWITCH(rc.vpl, kVPL, [&] {
-    auto kernel = attention_rows_kernel<Gatv2Score, scalar_t, index_t, kVec, kVPL, 0>;
+    auto kernel = attention_rows_kernel<ScoreT, scalar_t, index_t, kVec, kVPL, 0>;
     kernel<<<persistent_grid(kernel, p.num_rows, p.G), kThreads, 0, stream>>>(p, wl);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
+}
+
+template <typename scalar_t, typename index_t>
+void launch_gatv2_forward_rows(AttentionParams<scalar_t, index_t> p, const RowConfig& rc,
+                               const at::TensorOptions& options) {
+  launch_padded_forward_rows<Gatv2Score>(p, rc, options);
+}
+
+template <typename scalar_t, typename index_t>
+void launch_transformer_forward_rows(AttentionParams<scalar_t, index_t> p, const RowConfig& rc,
+                                     const at::TensorOptions& options) {
+  launch_padded_forward_rows<TransformerScore>(p, rc, options);
 }
 
 }  // namespace pyg_multihead_agg

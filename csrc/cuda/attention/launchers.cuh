@@ -7,6 +7,8 @@
 //   launch_gat_row_sums        row_sum.cu
 //   launch_gatv2_forward_rows  forward_rows_launch.cuh, gatv2_forward_*.cu
 //   launch_gatv2_backward_rows gatv2_backward.cu
+//   launch_transformer_forward_rows  forward_rows_launch.cuh, transformer_forward_*.cu
+//   launch_transformer_backward_rows transformer_backward.cu
 // All of them are built for the four value dtypes (at::Half, at::BFloat16,
 // float, double) and both index types (int32_t, int64_t), and launch on the
 // current stream; entry.cu calls them.
@@ -65,5 +67,20 @@ template <typename scalar_t, typename index_t>
 at::Tensor launch_gatv2_backward_rows(AttentionParams<scalar_t, index_t> p, const scalar_t* out,
                                       scalar_t* grad_x_dst, const index_t* rowptr,
                                       const RowConfig& rc, const at::TensorOptions& options);
+
+// The TransformerConv forward (attention_rows_kernel<TransformerScore>), for
+// shapes gatv2_row_config accepts (the same padded heads).
+template <typename scalar_t, typename index_t>
+void launch_transformer_forward_rows(AttentionParams<scalar_t, index_t> p, const RowConfig& rc,
+                                     const at::TensorOptions& options);
+
+// The TransformerConv backward: the CSC pass into p.out (grad_value),
+// p.grad_key, p.grad_e_feat and p.grad_z, then grad_query from the
+// destination pass over the CSR (rowptr, col). `out` is the forward's output.
+template <typename scalar_t, typename index_t>
+void launch_transformer_backward_rows(AttentionParams<scalar_t, index_t> p, const scalar_t* out,
+                                      scalar_t* grad_query, const index_t* rowptr,
+                                      const index_t* col, const RowConfig& rc,
+                                      const at::TensorOptions& options);
 
 }  // namespace pyg_multihead_agg

@@ -1,5 +1,6 @@
-// Parameters of the fused attention kernels (gat_attention and
-// gatv2_attention: one struct, each score policy reads its fields, see
+// Parameters of the fused attention kernels (gat_attention,
+// gatv2_attention and transformer_attention: one struct, each score
+// policy reads its fields, see
 // scores.cuh) and their compile-time tuning (block sizes, minimum resident
 // blocks). Run-time launch choices are in heuristics.cuh.
 #pragma once
@@ -53,6 +54,14 @@ struct AttentionParams {
   acc_t* att_part;           // backward: [N_src + slots, H * D] shares of grad_att
   uint32_t* bits;            // backward: [E, H, W] signs of z (bit c % 32 of word c / 32)
   int W;                     // words of bits per head: ceil(D / 32)
+  // TransformerConv (TransformerScore): the keys beside x (the values),
+  // x_dst the queries, e_feat the edge features; the logit's scale; in the
+  // backward grad_z holds the logit gradients, grad_key and part_key (the
+  // slices' partial rows) the keys' gradients.
+  const scalar_t* key;       // [N_src, H, D]
+  scalar_t* grad_key;        // backward: [N_src, H, D]
+  acc_t* part_key;           // backward: [slots, H * D]
+  acc_t score_scale;         // 1 / sqrt(C) as the layer gives it
 };
 
 // ---------------------------------------------------------------------------

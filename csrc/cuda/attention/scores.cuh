@@ -18,6 +18,8 @@
 //   logit          the entry's logit for this lane's vector k (its head's,
 //                  after the nonlinearity), the same in every lane of the
 //                  head; called by every lane of the group (it may shuffle).
+//   aggregate      acc += w * (the entry's aggregated vector): the gathered
+//                  source vector (TransformerScore: plus the edge's features).
 //   Backward, over the CSC (per source j):
 //   Source,        per-source state and its gradient accumulators.
 //   load_source
@@ -30,9 +32,10 @@
 //                  (use: whether the entry and vector exist).
 //   store_source / store_slice: the score's per-source results.
 //
-// TransformerConv's dot-product score <q[i], k[j] (+ e)> / sqrt(C) is a
-// third policy of the same shape: a destination row (q[i]) per row, an edge
-// vector, a head butterfly for the logit, per-channel gradients.
+// TransformerScore, TransformerConv's scaled dot product
+// scale * <q[i], k[j] (+ e)>, is the third: a destination row (q[i]) per
+// row, the key and edge vectors per entry, a head butterfly for the logit,
+// per-channel gradients.
 #pragma once
 
 #include <ATen/OpMathType.h>
@@ -87,6 +90,10 @@ struct GatScore {
     acc_t z = use ? en.ssrc + sd[k] : acc_t(0);
     z += en.sedge;
     return leaky(z, p.negative_slope);
+  }
+  __device__ __forceinline__ void aggregate(const Params&, acc_t (&acc)[V], acc_t w,
+                                            const Vec<scalar_t, V>& xv, const Entry&) const {
+    axpy_vec(acc, w, xv);
   }
 
   // Backward. gsrc: grad_s_src of the source's heads.
@@ -196,6 +203,10 @@ struct Gatv2Score {
     acc_t z[V];
     return lanes_sum(lane_logit(p, at[k], xv, xr[k], en.ef, z), p.S, mask);
   }
+  __device__ __forceinline__ void aggregate(const Params&, acc_t (&acc)[V], acc_t w,
+                                            const Vec<scalar_t, V>& xv, const Entry&) const {
+    axpy_vec(acc, w, xv);
+  }
 
   // Backward. ga: this source's share of grad_att (its lane's channels).
   acc_t ga[VPL][V];
@@ -266,6 +277,135 @@ struct Gatv2Score {
   __device__ __forceinline__ void store_slice(const Params& p, int64_t slot, const Lanes& m, int k,
                                               bool) const {
     store_vec<acc_t, V>(p.att_part + (p.num_rows + slot) * p.HD + m.feat[k], ga[k]);
+  }
+};
+
+// TransformerConv: logit scale * <q[i], k[j] (+ e_feat[e])> per head (each
+// lane sums its V channels of q * (k + e), then the head's S lanes:
+// lanes_sum, recomputed bit for bit in the backward), aggregation of
+// v[j] (+ e_feat[e]). x is the values, x_dst the queries, key the keys.
+template <typename scalar_t, typename index_t, int V, int VPL>
+struct TransformerScore {
+  using acc_t = at::opmath_type<scalar_t>;
+  using Params = AttentionParams<scalar_t, index_t>;
+  using Lanes = RowLanes<V, VPL>;
+  static constexpr bool kScalar = false;
+
+  // sum over this lane's channels of q * (k + e).
+  static __device__ __forceinline__ acc_t lane_dot(const acc_t (&q)[V], const acc_t (&k)[V],
+                                                   const Vec<scalar_t, V>& ef) {
+    acc_t ew[V];
+    widen(ef, ew);
+    acc_t part = 0;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      acc_t kc = k[v];
+      kc += ew[v];
+      part += q[v] * kc;
+    }
+    return part;
+  }
+
+  acc_t xq[VPL][V];  // forward: the row's query
+
+  __device__ __forceinline__ void init(const Params&, const Lanes&) {}
+
+  __device__ __forceinline__ void load_row(const Params& p, int64_t r, const Lanes& m) {
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      const auto x = m.valid[k] ? load_vec<scalar_t, V>(p.x_dst + r * p.HD + m.feat[k])
+                                : zero_vec<scalar_t, V>();
+      widen(x, xq[k]);
+    }
+  }
+
+  struct Entry {
+    Vec<scalar_t, V> kv, ef;
+  };
+  __device__ __forceinline__ Entry load_entry(const Params& p, const Lanes& m, int k, bool use,
+                                              index_t j, int64_t e) const {
+    Entry en;
+    en.kv = load_vec_if<scalar_t, V>(use, p.key + static_cast<int64_t>(j) * p.HD + m.feat[k]);
+    en.ef = load_vec_if<scalar_t, V>(use && p.e_feat != nullptr, p.e_feat + e * p.HD + m.feat[k]);
+    return en;
+  }
+
+  __device__ __forceinline__ acc_t logit(const Params& p, int k, bool, const Entry& en,
+                                         const Vec<scalar_t, V>&, unsigned mask) const {
+    acc_t kw[V];
+    widen(en.kv, kw);
+    return lanes_sum(lane_dot(xq[k], kw, en.ef), p.S, mask) * p.score_scale;
+  }
+  __device__ __forceinline__ void aggregate(const Params& p, acc_t (&acc)[V], acc_t w,
+                                            const Vec<scalar_t, V>& xv, const Entry& en) const {
+    axpy_vec(acc, w, xv);
+    if (p.e_feat != nullptr) axpy_vec(acc, w, en.ef);  // uniform
+  }
+
+  // Backward. kj: the source's key; gk: its gradient.
+  acc_t kj[VPL][V], gk[VPL][V];
+
+  __device__ __forceinline__ void load_source(const Params& p, int64_t j, const Lanes& m) {
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      const auto x = m.valid[k] ? load_vec<scalar_t, V>(p.key + j * p.HD + m.feat[k])
+                                : zero_vec<scalar_t, V>();
+      widen(x, kj[k]);
+#pragma unroll
+      for (int v = 0; v < V; ++v) gk[k][v] = 0;
+    }
+  }
+
+  struct BEntry {
+    Vec<scalar_t, V> qv, ef;  // q[i] and e_feat[e] of the entry
+  };
+  __device__ __forceinline__ BEntry load_bentry(const Params& p, const Lanes& m, int k, bool use,
+                                                index_t i, index_t e) const {
+    BEntry be;
+    be.qv = load_vec_if<scalar_t, V>(use, p.x_dst + static_cast<int64_t>(i) * p.HD + m.feat[k]);
+    be.ef = load_vec_if<scalar_t, V>(use && p.e_feat != nullptr,
+                                     p.e_feat + static_cast<int64_t>(e) * p.HD + m.feat[k]);
+    return be;
+  }
+
+  // With w = alpha * m and the logit gradient gl = alpha * (m * <grad_out[i],
+  // v[j] + e> - dl): acc += w * grad_out[i] (grad_v[j]), gk += gl * scale *
+  // q[i], grad_e_feat[e] = w * grad_out[i] + gl * scale * q[i]; gl goes to
+  // grad_z[zi, h] for the destination pass (grad_q, transformer_dst_rows_kernel).
+  __device__ __forceinline__ void backward(const Params& p, const Lanes& m, int k, bool use, int q,
+                                           unsigned mask, acc_t dot, acc_t mk,
+                                           const Vec<scalar_t, V>& gv, const Vec<scalar_t, V>&,
+                                           const RowAux<acc_t>& ax, const BEntry& be,
+                                           acc_t (&acc)[V], int64_t zi, int64_t e) {
+    acc_t qw[V];
+    widen(be.qv, qw);
+    const acc_t l = lanes_sum(lane_dot(qw, kj[k], be.ef), p.S, mask) * p.score_scale;
+    if (p.e_feat != nullptr) dot += lanes_sum(vec_dot<scalar_t, V>(gv, be.ef), p.S, mask);
+    if (!use) return;
+    const acc_t alpha = exp_(l - ax.lse);
+    const acc_t w = alpha * mk;
+    const acc_t gl = alpha * (mk * dot - ax.dl);
+    const acc_t gs = gl * p.score_scale;
+    acc_t gw[V], ge[V];
+    widen(gv, gw);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const acc_t gvv = w * gw[v], gkv = gs * qw[v];
+      acc[v] += gvv;
+      gk[k][v] += gkv;
+      ge[v] = gvv + gkv;
+    }
+    if (q == 0) p.grad_z[zi * p.H + m.head[k]] = gl;
+    if (p.grad_e_feat != nullptr) store_vec<scalar_t, V>(p.grad_e_feat + e * p.HD + m.feat[k], ge);
+  }
+
+  __device__ __forceinline__ void store_source(const Params& p, int64_t j, const Lanes& m, int k,
+                                               bool) const {
+    store_vec<scalar_t, V>(p.grad_key + j * p.HD + m.feat[k], gk[k]);
+  }
+  __device__ __forceinline__ void store_slice(const Params& p, int64_t slot, const Lanes& m,
+                                              int k, bool) const {
+    store_vec<acc_t, V>(p.part_key + slot * p.HD + m.feat[k], gk[k]);
   }
 };
 
