@@ -1,8 +1,8 @@
 // Parameters of the fused attention kernels (gat_attention,
-// gatv2_attention and transformer_attention: one struct, each score
-// policy reads its fields, see
-// scores.cuh) and their compile-time tuning (block sizes, minimum resident
-// blocks). Run-time launch choices are in heuristics.cuh.
+// gatv2_attention and transformer_attention: one struct, each score policy
+// reads its fields, see scores.cuh) and their compile-time tuning (block
+// sizes, minimum resident blocks). Run-time launch choices are in
+// heuristics.cuh.
 #pragma once
 
 #include <ATen/OpMathType.h>
