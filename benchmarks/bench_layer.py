@@ -1,15 +1,15 @@
-"""GAT layer benchmark: forward, and forward + backward, of one GATConv or
-GATv2Conv, PyG's against ours.
+"""Attention layer benchmark: forward, and forward + backward, of one GATConv,
+GATv2Conv or TransformerConv, PyG's against ours.
 
 F_in = 128, heads H and channels D from the graph's shape, every layer of a
-family with the same weights (one ``state_dict``) and
+family with the same weights (one ``state_dict``) and (GAT, GATv2)
 ``add_self_loops=False`` on a graph that already holds exactly one self-loop
 per node (so that every adjacency type sees the same edges and no row pays for
 self-loop handling per call). ``--conv`` picks the layer family: ``gat`` (the
-default), ``gatv2`` or ``all``; each family has the rows below, a GATv2 row's
-method starting with ``GATv2`` (``GATv2 PyG edge_index compiled``,
-``GATv2 ours edge_index eager``, ...) and measured against its own family's
-PyG rows:
+default), ``gatv2``, ``transformer`` or ``all``; each family has the rows
+below, a GATv2 (Transformer) row's method starting with ``GATv2``
+(``Transformer``): ``GATv2 PyG edge_index compiled``, ``GATv2 ours
+edge_index eager``, ..., each measured against its own family's PyG rows:
 
 - ``PyG edge_index``: ``torch_geometric.nn.GATConv`` (``GATv2Conv``) on a
   plain ``[2, E]`` ``edge_index``, eager and under ``torch.compile`` (the
@@ -33,14 +33,16 @@ A training step (pass ``forward+backward``) is ``out = layer(x, adj)`` then
 ``grad_out``; an inference step (pass ``forward``) is ``layer(x, adj)`` under
 ``torch.no_grad()``. The output and every parameter gradient are checked first
 against PyG's layer in float64, on the edges into (a sample of) the
-destination rows. With both families (``--conv all``) each GATv2 row also
-reports its time over the GAT row of the same method, graph, dtype and pass.
+destination rows. With every family (``--conv all``) each GATv2 and
+Transformer row also reports its time over the GAT row of the same method,
+graph, dtype and pass.
 
     python benchmarks/bench_layer.py --device cuda
     python benchmarks/bench_layer.py --device cuda --conv all
 
 Writes benchmarks/reference/layer_<device>.{json,md,png}, or
-layer_gatv2_<device>.* with ``--conv gatv2`` (see --out, --tag).
+layer_gatv2_<device>.* (layer_transformer_<device>.*) with ``--conv gatv2``
+(``transformer``) (see --out, --tag).
 """
 import copy
 import functools
@@ -59,6 +61,7 @@ from torch import Tensor
 from torch_geometric import EdgeIndex
 from torch_geometric.nn import GATConv as PyGGATConv
 from torch_geometric.nn import GATv2Conv as PyGGATv2Conv
+from torch_geometric.nn import TransformerConv as PyGTransformerConv
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -91,6 +94,7 @@ class Family:
     name: str  # the class name, in torch_geometric.nn and in pyg_multihead_agg.nn
     pyg: type
     prefix: str
+    kwargs: Tuple[Tuple[str, object], ...] = (("add_self_loops", False),)  # both layers'
 
     def method(self, name: str) -> str:
         return self.prefix + name
@@ -102,12 +106,14 @@ class Family:
 
 GAT = Family("gat", "GATConv", PyGGATConv, "")
 GATV2 = Family("gatv2", "GATv2Conv", PyGGATv2Conv, "GATv2 ")
-FAMILIES = {f.key: f for f in (GAT, GATV2)}
-CONV_CHOICES = {"gat": (GAT,), "gatv2": (GATV2,), "all": (GAT, GATV2)}
+TRANSFORMER = Family("transformer", "TransformerConv", PyGTransformerConv, "Transformer ", ())
+FAMILIES = {f.key: f for f in (GAT, GATV2, TRANSFORMER)}
+CONV_CHOICES = {"gat": (GAT,), "gatv2": (GATV2,), "transformer": (TRANSFORMER,),
+                "all": (GAT, GATV2, TRANSFORMER)}
 
 
 def family_of(method: str) -> Family:
-    return GATV2 if method.startswith(GATV2.prefix) else GAT
+    return next((f for f in (GATV2, TRANSFORMER) if method.startswith(f.prefix)), GAT)
 
 
 def is_ours(method: str) -> bool:
@@ -222,8 +228,17 @@ def run_variant(r: Row, make: Callable[[], Tuple[torch.nn.Module, object]], x: T
         r.extra["graph_breaks"] = sum(counters["graph_break"].values())
     r.rel_errs = {"out": common.rel_error(out if check.rows is None else out[check.rows],
                                           check.out)}
+    # A gradient that is zero in exact arithmetic (TransformerConv's
+    # lin_key.bias: it adds <query_i, bias> to every logit of row i, which
+    # the softmax cancels) is measured against the largest parameter
+    # gradient instead of its own rounding noise.
+    scale = max((float(g.double().norm()) for g in check.grads.values()), default=0.0)
     for name, grad in zip(names if grads else (), grads, strict=True):
-        r.rel_errs[f"grad {name}"] = common.rel_error(grad, check.grads[name])
+        ref = check.grads[name]
+        err = common.rel_error(grad, ref)
+        if scale > 0 and float(ref.double().norm()) <= 1e-9 * scale and err != float("inf"):
+            err = float((grad.detach().double() - ref.double()).norm()) / scale
+        r.rel_errs[f"grad {name}"] = err
     r.rel_err = max(r.rel_errs.values())
     ok = all(err <= max(TOLERANCE[x.dtype], 2 * baseline.get(k, 0.0))
              for k, err in r.rel_errs.items())
@@ -295,7 +310,7 @@ def make_pyg_layer(family: Family, heads: int, channels: int, device: torch.devi
     """PyG's layer of ``family``, seeded; every bias drawn from N(0, 0.1) (the
     default zeros would leave them unchecked)."""
     torch.manual_seed(0)
-    pyg = family.pyg(IN_CHANNELS, channels, heads=heads, add_self_loops=False)
+    pyg = family.pyg(IN_CHANNELS, channels, heads=heads, **dict(family.kwargs))
     with torch.no_grad():
         for name, param in pyg.named_parameters():
             if name == "bias" or name.endswith(".bias"):
@@ -342,7 +357,7 @@ def bench_family(g: Graph, family: Family, x: Tensor, grad_out: Tensor, args,
     ours = None
     if OurLayer is not None:
         try:
-            ours = OurLayer(IN_CHANNELS, channels, heads=heads, add_self_loops=False)
+            ours = OurLayer(IN_CHANNELS, channels, heads=heads, **dict(family.kwargs))
             ours.load_state_dict(pyg.state_dict())
             ours = ours.to(device, dtype)
         except Exception as exc:  # noqa: BLE001  (reported as its rows' status)
@@ -411,21 +426,22 @@ def add_speedups(rows: List[Row]) -> None:
 
 
 def add_gat_ratios(rows: List[Row]) -> None:
-    """``extra["ms_vs_gat"]`` of a GATv2 row: its time over the GAT row of the
-    same method, graph, dtype and pass (above 1: GATv2 is slower)."""
+    """``extra["ms_vs_gat"]`` of a GATv2 or Transformer row: its time over the
+    GAT row of the same method, graph, dtype and pass (above 1: slower)."""
     gat = {(r.shape, r.dtype, r.pass_, r.method): r.ms for r in rows
            if family_of(r.method) is GAT and r.ms}
     for r in rows:
-        if family_of(r.method) is GATV2 and r.ms:
-            base = gat.get((r.shape, r.dtype, r.pass_, r.method.removeprefix(GATV2.prefix)))
+        family = family_of(r.method)
+        if family is not GAT and r.ms:
+            base = gat.get((r.shape, r.dtype, r.pass_, r.method.removeprefix(family.prefix)))
             if base:
                 r.extra["ms_vs_gat"] = r.ms / base
 
 
 def table(rows: List[Row], family: Family = GAT) -> str:
-    """The rows of one layer family; GATv2's with their time over GAT's."""
+    """The rows of one layer family; the others' with their time over GAT's."""
     eager, compiled = family.peers
-    with_gat = family is GATV2 and any("ms_vs_gat" in r.extra for r in rows)
+    with_gat = family is not GAT and any("ms_vs_gat" in r.extra for r in rows)
     headers = ["shape", "dtype", "method", "pass", "ms", "x PyG eager", "x PyG compiled",
                "peak extra", "mem / PyG compiled", "rel err out", "rel err grads", "check"]
     if with_gat:
@@ -462,7 +478,8 @@ def report(rows: List[Row], notes: List[str], meta, args, device: torch.device) 
     add_gat_ratios(rows)
 
     text = tables(rows, families)
-    layers = " or ".join(f"{f.name}(128, D, heads=H, add_self_loops=False)" for f in families)
+    layers = " or ".join(f"{f.name}(128, D, heads=H" + "".join(f", {k}={v}" for k, v in f.kwargs)
+                         + ")" for f in families)
     notes_md = (f"One {layers} on a graph with one "
                 "self-loop per node: pass forward+backward = the forward, then the gradients "
                 "of all parameters; pass forward = the forward under torch.no_grad(). "
@@ -473,10 +490,13 @@ def report(rows: List[Row], notes: List[str], meta, args, device: torch.device) 
                 "whichever is larger: "
                 + ", ".join(f"{str(k).replace('torch.', '')} {v:g}" for k, v in TOLERANCE.items())
                 + f". {meta['compile']}.")
-    if GATV2 in families:
-        notes_md += (" GATv2 rows: speed-ups, memory and errors against PyG's GATv2Conv"
+    for f in families:
+        if f is GAT:
+            continue
+        notes_md += (f" {f.prefix.strip()} rows: speed-ups, memory and errors against PyG's "
+                     f"{f.name}"
                      + ("; ms / GAT: the row's time over the GAT row of the same method, "
-                        "graph, dtype and pass (above 1: GATv2 is slower)"
+                        "graph, dtype and pass (above 1: slower than GAT)"
                         if GAT in families else "") + ".")
     notes_md += "\n\n" + "\n".join(notes)
     compiled = [f"- {r.shape} {r.dtype} {r.method}: first call took {r.extra['first_call_s']} s, "
@@ -487,7 +507,8 @@ def report(rows: List[Row], notes: List[str], meta, args, device: torch.device) 
     failures = common.failure_notes(rows)
     if failures:
         notes_md += "\n\nRows that did not run:\n" + failures
-    kind = "layer_gatv2" if families == (GATV2,) else "layer"
+    only = families[0] if len(families) == 1 else GAT
+    kind = "layer" if only is GAT else f"layer_{only.key}"
     stem = common.result_stem(kind, device, args.tag)
     title = " and ".join(f.name.removesuffix("Conv") for f in families)
     paths = common.write_results(args.out, stem,
@@ -507,14 +528,16 @@ def report(rows: List[Row], notes: List[str], meta, args, device: torch.device) 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = common.benchmark_parser(__doc__.split("\n\n")[0], check_limit=1 << 20)
     parser.add_argument("--conv", default="gat", choices=tuple(CONV_CHOICES),
-                        help="layer family: gat (GATConv), gatv2 (GATv2Conv) or all (both, "
-                        "with each GATv2 row's time over GAT's)")
+                        help="layer family: gat (GATConv), gatv2 (GATv2Conv), transformer "
+                        "(TransformerConv) or all (every one, with each other row's time over "
+                        "GAT's)")
     parser.add_argument("--dynamic", action="store_true",
                         help="torch.compile(dynamic=True): one compile serves every graph "
                         "(faster to run; default: static shapes, compiled per graph)")
     parser.add_argument("--methods", default=None,
                         help="regular expression: run only the rows whose method matches "
-                        "(e.g. 'compiled|csr'; GATv2 rows' methods start with 'GATv2 ')")
+                        "(e.g. 'compiled|csr'; GATv2 and Transformer rows' methods start "
+                        "with 'GATv2 ' and 'Transformer ')")
     parser.add_argument("--fold-off-rows", action="store_true",
                         help="also run our fused GATConv with fold_scores=False")
     parser.add_argument("--no-compile", action="store_true",

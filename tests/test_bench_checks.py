@@ -62,18 +62,20 @@ LAYER_ARGS = ["--device", "cpu", "--shapes", "cora-like", "--dtypes", "float32",
 
 def _layer_run(tmp_path, *args):
     rc = bench_layer.main(LAYER_ARGS + ["--out", str(tmp_path)] + list(args))
-    stem = "layer_gatv2_cpu" if "gatv2" in args else "layer_cpu"
+    conv = args[args.index("--conv") + 1] if "--conv" in args else "gat"
+    stem = "layer_cpu" if conv in ("gat", "all") else f"layer_{conv}_cpu"
     rows = json.loads((tmp_path / f"{stem}.json").read_text())["rows"]
     return rc, {(r["method"], r["pass"]): r for r in rows}, (tmp_path / f"{stem}.md").read_text()
 
 
-def test_layer_bench_gat_and_gatv2_rows(tmp_path):
+def test_layer_bench_every_family_rows(tmp_path):
     rc, rows, md = _layer_run(tmp_path, "--conv", "all")
     assert rc == 0
     passes = ("forward", "forward+backward")
     gat = ("PyG edge_index eager", "ours edge_index eager")
     gatv2 = tuple("GATv2 " + m for m in gat)
-    assert set(rows) == {(m, p) for m in gat + gatv2 for p in passes}
+    transformer = tuple("Transformer " + m for m in gat)
+    assert set(rows) == {(m, p) for m in gat + gatv2 + transformer for p in passes}
     for (_, pass_), r in rows.items():
         assert r["status"] == "ok" and r["check"] == "ok", r
         assert r["ms"] > 0 and "out" in r["rel_errs"]
@@ -89,7 +91,15 @@ def test_layer_bench_gat_and_gatv2_rows(tmp_path):
         assert {k for k in ours_v2["rel_errs"] if k.startswith("grad")} >= (
             {"grad att", "grad lin_l.weight", "grad lin_r.weight", "grad bias"}
             if p == "forward+backward" else set())
-    assert "## GATConv" in md and "## GATv2Conv" in md and "| ms / GAT |" in md
+        ours_tf = rows[("Transformer ours edge_index eager", p)]
+        assert set(ours_tf["speedup"]) == {"Transformer PyG edge_index eager"}
+        assert ours_tf["extra"]["ms_vs_gat"] == pytest.approx(
+            ours_tf["ms"] / rows[("ours edge_index eager", p)]["ms"])
+        assert {k for k in ours_tf["rel_errs"] if k.startswith("grad")} >= (
+            {"grad lin_query.weight", "grad lin_key.weight", "grad lin_value.weight",
+             "grad lin_skip.weight"} if p == "forward+backward" else set())
+    assert "## GATConv" in md and "## GATv2Conv" in md and "## TransformerConv" in md
+    assert "| ms / GAT |" in md and "TransformerConv(128, D, heads=H)" in md
 
 
 def test_layer_bench_default_is_gat_only(tmp_path):
