@@ -147,7 +147,8 @@ __device__ __forceinline__ void attend_heads(at::opmath_type<scalar_t> (&acc)[VP
                                              const RowLanes<V, VPL>& m, const Score& score,
                                              const at::opmath_type<scalar_t> (&lse)[VPL]) {
   using acc_t = at::opmath_type<scalar_t>;
-  constexpr int U = kLoadsInFlight / VPL;
+  constexpr int U = kLoadsInFlight / VPL / Score::kStepDivisor > 0
+                        ? kLoadsInFlight / VPL / Score::kStepDivisor : 1;
 #pragma unroll
   for (int k = 0; k < VPL; ++k)
 #pragma unroll
@@ -254,7 +255,8 @@ __device__ __forceinline__ void attend_heads_online(at::opmath_type<scalar_t> (&
                                                     const Score& score) {
   using acc_t = at::opmath_type<scalar_t>;
   using Units = OnlineUnits<acc_t>;
-  constexpr int U = kLoadsInFlight / VPL;
+  constexpr int U = kLoadsInFlight / VPL / Score::kStepDivisor > 0
+                        ? kLoadsInFlight / VPL / Score::kStepDivisor : 1;
   const acc_t scale = Units::scale();
 #pragma unroll
   for (int k = 0; k < VPL; ++k) {

@@ -5,6 +5,11 @@
 // instantiates its kernels per traits. A policy supplies only what differs
 // between the layers:
 //
+//   kStepDivisor   the forward's entries per step are kLoadsInFlight / VPL
+//                  divided by this: TransformerScore's entries bring two
+//                  vectors beside the source row (the key, the edge's
+//                  features), and its full step spilled at 128 registers
+//                  (ptxas: 108-444 bytes).
 //   kScalar        the score is a function of per-node scalars (GAT), so a
 //                  row's statistics can come from a pass that gathers no
 //                  feature row: the two-pass forward and the transposed
@@ -64,6 +69,7 @@ struct GatScore {
   using Params = AttentionParams<scalar_t, index_t>;
   using Lanes = RowLanes<V, VPL>;
   static constexpr bool kScalar = true;
+  static constexpr int kStepDivisor = 1;
 
   acc_t sd[VPL];  // s_dst of the row's heads
 
@@ -152,6 +158,7 @@ struct Gatv2Score {
   using Params = AttentionParams<scalar_t, index_t>;
   using Lanes = RowLanes<V, VPL>;
   static constexpr bool kScalar = false;
+  static constexpr int kStepDivisor = 1;
 
   acc_t at[VPL][V];  // this lane's channels of att (0 for padding lanes)
   acc_t xr[VPL][V];  // forward: x_r of the row
@@ -290,6 +297,7 @@ struct TransformerScore {
   using Params = AttentionParams<scalar_t, index_t>;
   using Lanes = RowLanes<V, VPL>;
   static constexpr bool kScalar = false;
+  static constexpr int kStepDivisor = 2;
 
   // sum over this lane's channels of q * (k + e).
   static __device__ __forceinline__ acc_t lane_dot(const acc_t (&q)[V], const acc_t (&k)[V],
