@@ -1,10 +1,12 @@
-// Autograd of gat_attention in C++: the layers call it once per forward, and
+// Autograd of the fused attention ops in C++ (gat_attention; gatv2_attention
+// and transformer_attention through one template): the layers call one once
+// per forward, and
 // a Python autograd formula (torch.library.register_autograd) costs about
 // 0.15-0.3 ms of host time per call and its backward, which bounds the step
 // of small graphs and mini-batches. The backward is the op
-// gat_attention_backward (recomputation from lse over the CSC), whose own
-// autograd (double backward: an error) stays in pyg_multihead_agg/ops.py with
-// the fake implementations.
+// <name>_backward (recomputation from lse over the CSC), whose own autograd
+// (double backward: an error) stays in pyg_multihead_agg/ops.py with the fake
+// implementations.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
@@ -151,10 +153,193 @@ std::tuple<Tensor, Tensor> gat_attention_autograd(
   return {outputs[0], outputs[1]};
 }
 
+// The per-channel attention ops, gatv2_attention and transformer_attention:
+// inputs (rowptr, col, a, b, c, d, factor, dropout_p, philox, colptr, row,
+// perm, bias, perm_inv), one of a..d the optional edge features, and the
+// backward op <name>_backward(rowptr, col, colptr, row, perm, a, b, c, d,
+// out, lse, grad_out, grad_lse, factor, dropout_p, philox, bias, perm_inv),
+// whose four gradients Op::kGradOf maps to a..d. Op::forward and
+// Op::backward call the typed ops; Op::kSource is the input whose rows are
+// the sources (the CSC's columns).
+using Quad = std::tuple<Tensor, Tensor, Tensor, Tensor>;
+
+struct Gatv2Op {  // (x_l, x_r, e_feat?, att), negative_slope
+  static constexpr int kSource = 0;
+  static constexpr int kGradOf[4] = {0, 1, 3, 2};  // grad_x_l, grad_x_r, grad_att, grad_e_feat
+  static std::tuple<Tensor, Tensor> forward(const Tensor& rowptr, const Tensor& col,
+                                            const OptTensor& a, const OptTensor& b,
+                                            const OptTensor& c, const OptTensor& d, double f,
+                                            double p, const OptTensor& philox,
+                                            const OptTensor& colptr, const OptTensor& row,
+                                            const OptTensor& perm, const OptTensor& bias,
+                                            const OptTensor& perm_inv) {
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("pyg_multihead_agg::gatv2_attention", "")
+                         .typed<std::tuple<Tensor, Tensor>(
+                             const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                             const OptTensor&, const Tensor&, double, double, const OptTensor&,
+                             const OptTensor&, const OptTensor&, const OptTensor&,
+                             const OptTensor&, const OptTensor&)>();
+    return op.call(rowptr, col, *a, *b, c, *d, f, p, philox, colptr, row, perm, bias, perm_inv);
+  }
+  static Quad backward(const Tensor& rowptr, const Tensor& col, const Tensor& colptr,
+                       const Tensor& row, const Tensor& perm, const Tensor& a, const Tensor& b,
+                       const Tensor& c, const Tensor& d, const Tensor& out, const Tensor& lse,
+                       const Tensor& grad_out, const OptTensor& grad_lse, double f, double p,
+                       const OptTensor& philox, const OptTensor& bias,
+                       const OptTensor& perm_inv) {
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("pyg_multihead_agg::gatv2_attention_backward", "")
+                         .typed<Quad(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                     const Tensor&, const Tensor&, const Tensor&,
+                                     const OptTensor&, const Tensor&, const Tensor&,
+                                     const Tensor&, const Tensor&, const OptTensor&, double,
+                                     double, const OptTensor&, const OptTensor&,
+                                     const OptTensor&)>();
+    return op.call(rowptr, col, colptr, row, perm, a, b, as_optional(c), d, out, lse, grad_out,
+                   grad_lse, f, p, philox, bias, perm_inv);
+  }
+};
+
+struct TransformerOp {  // (query, key, value, e_feat?), scale
+  static constexpr int kSource = 1;
+  static constexpr int kGradOf[4] = {0, 1, 2, 3};  // grad_query, grad_key, grad_value, grad_e_feat
+  static std::tuple<Tensor, Tensor> forward(const Tensor& rowptr, const Tensor& col,
+                                            const OptTensor& a, const OptTensor& b,
+                                            const OptTensor& c, const OptTensor& d, double f,
+                                            double p, const OptTensor& philox,
+                                            const OptTensor& colptr, const OptTensor& row,
+                                            const OptTensor& perm, const OptTensor& bias,
+                                            const OptTensor& perm_inv) {
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("pyg_multihead_agg::transformer_attention", "")
+                         .typed<std::tuple<Tensor, Tensor>(
+                             const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                             const Tensor&, const OptTensor&, double, double, const OptTensor&,
+                             const OptTensor&, const OptTensor&, const OptTensor&,
+                             const OptTensor&, const OptTensor&)>();
+    return op.call(rowptr, col, *a, *b, *c, d, f, p, philox, colptr, row, perm, bias, perm_inv);
+  }
+  static Quad backward(const Tensor& rowptr, const Tensor& col, const Tensor& colptr,
+                       const Tensor& row, const Tensor& perm, const Tensor& a, const Tensor& b,
+                       const Tensor& c, const Tensor& d, const Tensor& out, const Tensor& lse,
+                       const Tensor& grad_out, const OptTensor& grad_lse, double f, double p,
+                       const OptTensor& philox, const OptTensor& bias,
+                       const OptTensor& perm_inv) {
+    static auto op =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow("pyg_multihead_agg::transformer_attention_backward", "")
+            .typed<Quad(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                        const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                        const OptTensor&, const Tensor&, const Tensor&, const Tensor&,
+                        const OptTensor&, double, double, const OptTensor&, const OptTensor&,
+                        const OptTensor&)>();
+    return op.call(rowptr, col, colptr, row, perm, a, b, c, as_optional(d), out, lse, grad_out,
+                   grad_lse, f, p, philox, bias, perm_inv);
+  }
+};
+
+template <class Op>
+class ChannelAttention : public torch::autograd::Function<ChannelAttention<Op>> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& rowptr, const Tensor& col,
+                               const OptTensor& a, const OptTensor& b, const OptTensor& c,
+                               const OptTensor& d, double factor, double dropout_p,
+                               const OptTensor& philox, const OptTensor& colptr,
+                               const OptTensor& row, const OptTensor& perm,
+                               const OptTensor& bias, const OptTensor& perm_inv) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [out, lse] = Op::forward(rowptr, col, a, b, c, d, factor, dropout_p, philox, colptr,
+                                  row, perm, bias, perm_inv);
+    // needs_input_grad counts the tensors given, in argument order: a..d's
+    // slots (-1: not given), then the bias's.
+    const auto given = [](const OptTensor& t) { return int64_t(t.has_value() && t->defined()); };
+    std::vector<int64_t> slots;
+    int64_t next = 2;  // after rowptr and col
+    for (const OptTensor* t : {&a, &b, &c, &d}) slots.push_back(given(*t) ? next++ : -1);
+    next += given(philox) + given(colptr) + given(row) + given(perm);
+    slots.push_back(given(bias) ? next : -1);
+    ctx->saved_data["slots"] = slots;
+    ctx->saved_data["factor"] = factor;
+    ctx->saved_data["dropout_p"] = dropout_p;
+    const OptTensor* source[4] = {&a, &b, &c, &d};
+    ctx->saved_data["num_src"] = (*source[Op::kSource])->sym_size(0);
+    // out is the biased output, the one [N_dst, H, C] tensor kept.
+    ctx->save_for_backward({rowptr, col, defined_or_empty(a), defined_or_empty(b),
+                            defined_or_empty(c), defined_or_empty(d), defined_or_empty(philox),
+                            defined_or_empty(colptr), defined_or_empty(row),
+                            defined_or_empty(perm), out, lse, defined_or_empty(bias),
+                            defined_or_empty(perm_inv)});
+    return {out, lse};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &rowptr = saved[0], &col = saved[1], &philox = saved[6], &out = saved[10],
+               &lse = saved[11], &bias = saved[12];
+    Tensor colptr = saved[7], row = saved[8], perm = saved[9], perm_inv = saved[13];
+    const auto slots = ctx->saved_data["slots"].toIntVector();
+    const auto needs = [&](int64_t slot) { return slot >= 0 && ctx->needs_input_grad(slot); };
+    const Tensor grad_out = grads[0].defined() ? grads[0].contiguous() : at::zeros_like(out);
+    const Tensor& grad_lse = grads[1];
+
+    variable_list result(14);
+    if (needs(slots[4])) {
+      // The sum over rows in at least float32 (half types would round every
+      // partial sum).
+      const auto acc = at::promote_types(grad_out.scalar_type(), at::kFloat);
+      result[12] = grad_out.sum(0, false, acc).to(bias.scalar_type());
+    }
+    if (!(needs(slots[0]) || needs(slots[1]) || needs(slots[2]) || needs(slots[3]))) {
+      return result;  // only the bias needs a gradient
+    }
+    if (!colptr.defined()) {
+      std::tie(colptr, row, perm) = csr_to_csc(rowptr, col, ctx->saved_data["num_src"].toSymInt());
+      perm_inv = Tensor();  // only with the caller's CSC
+    }
+    const auto gradients = Op::backward(
+        rowptr, col, colptr, row, perm, saved[2], saved[3], saved[4], saved[5], out, lse,
+        grad_out, as_optional(grad_lse), ctx->saved_data["factor"].toDouble(),
+        ctx->saved_data["dropout_p"].toDouble(), as_optional(philox), as_optional(bias),
+        as_optional(perm_inv));
+    const Tensor g[4] = {std::get<0>(gradients), std::get<1>(gradients), std::get<2>(gradients),
+                         std::get<3>(gradients)};
+    for (int k = 0; k < 4; ++k) {
+      const int input = Op::kGradOf[k];
+      if (slots[input] >= 0) result[2 + input] = g[k];  // (the edge features' only if given)
+    }
+    return result;
+  }
+};
+
+std::tuple<Tensor, Tensor> gatv2_attention_autograd(
+    const Tensor& rowptr, const Tensor& col, const Tensor& x_l, const Tensor& x_r,
+    const OptTensor& e_feat, const Tensor& att, double negative_slope, double dropout_p,
+    const OptTensor& philox, const OptTensor& colptr, const OptTensor& row,
+    const OptTensor& perm, const OptTensor& bias, const OptTensor& perm_inv) {
+  auto outputs = ChannelAttention<Gatv2Op>::apply(
+      rowptr, col, OptTensor(x_l), OptTensor(x_r), e_feat, OptTensor(att), negative_slope,
+      dropout_p, philox, colptr, row, perm, bias, perm_inv);
+  return {outputs[0], outputs[1]};
+}
+
+std::tuple<Tensor, Tensor> transformer_attention_autograd(
+    const Tensor& rowptr, const Tensor& col, const Tensor& query, const Tensor& key,
+    const Tensor& value, const OptTensor& e_feat, double scale, double dropout_p,
+    const OptTensor& philox, const OptTensor& colptr, const OptTensor& row,
+    const OptTensor& perm, const OptTensor& bias, const OptTensor& perm_inv) {
+  auto outputs = ChannelAttention<TransformerOp>::apply(
+      rowptr, col, OptTensor(query), OptTensor(key), OptTensor(value), e_feat, scale, dropout_p,
+      philox, colptr, row, perm, bias, perm_inv);
+  return {outputs[0], outputs[1]};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(pyg_multihead_agg, Autograd, m) {
   m.impl("gat_attention", &gat_attention_autograd);
+  m.impl("gatv2_attention", &gatv2_attention_autograd);
+  m.impl("transformer_attention", &transformer_attention_autograd);
 }
 
 }  // namespace pyg_multihead_agg

@@ -416,56 +416,10 @@ torch.library.register_autograd("pyg_multihead_agg::gat_attention_backward", _no
                                 setup_context=_no_double_backward_context)
 
 
-def _register_fused_autograd(name: str, source_slot: int, grad_slots: Tuple[int, ...],
-                             edge_slot: int) -> None:
-    """Autograd of a per-channel attention op (gatv2_attention,
-    transformer_attention): inputs ``(rowptr, col, a, b, c, d, float, dropout_p,
-    philox, colptr, row, perm, bias, perm_inv)`` with the four tensors a..d
-    (one of them the optional edge features, at ``edge_slot``; the source
-    features, whose rows are the CSC's columns, at ``source_slot``), and a
-    backward op ``<name>_backward(rowptr, col, colptr, row, perm, a, b, c, d,
-    out, lse, grad_out, grad_lse, float, dropout_p, philox, bias, perm_inv)``
-    whose four gradients belong to the inputs at ``grad_slots`` (the edge
-    features' empty without them). The bias's gradient is grad_out summed
-    over rows, in at least float32; the CSC is built when the caller gave
-    none (perm_inv only with the caller's CSC)."""
-    backward_op = getattr(_ops, f"{name}_backward")
-
-    def setup_context(ctx, inputs, output):
-        (rowptr, col, a, b, c, d, factor, dropout_p, philox, colptr, row, perm, bias,
-         perm_inv) = inputs
-        ctx.factor, ctx.dropout_p = factor, dropout_p
-        ctx.num_src = inputs[source_slot].size(0)
-        ctx.has_edge, ctx.has_bias = inputs[edge_slot] is not None, bias is not None
-        # out is the biased output, the one [N_dst, H, C] tensor kept.
-        ctx.save_for_backward(rowptr, col, a, b, c, d, philox, colptr, row, perm, output[0],
-                              output[1], bias, perm_inv)
-
-    def backward(ctx, grad_out, grad_lse):
-        (rowptr, col, a, b, c, d, philox, colptr, row, perm, out, lse, bias,
-         perm_inv) = ctx.saved_tensors
-        needs = ctx.needs_input_grad
-        if grad_out is None:
-            grad_out = torch.zeros_like(out)
-        grads = [None] * 14
-        if ctx.has_bias and needs[12]:
-            acc = torch.promote_types(grad_out.dtype, torch.float32)
-            grads[12] = grad_out.sum(0, dtype=acc).to(bias.dtype)
-        if not any(needs[2:6]):
-            return tuple(grads)
-        if colptr is None:
-            colptr, row, perm = csr_to_csc(rowptr, col, ctx.num_src)
-            perm_inv = None  # only with the caller's CSC
-        results = backward_op(rowptr, col, colptr, row, perm, a, b, c, d, out, lse,
-                              grad_out.contiguous(), grad_lse, ctx.factor, ctx.dropout_p, philox,
-                              bias, perm_inv)
-        for slot, g in zip(grad_slots, results, strict=True):
-            if slot != edge_slot or ctx.has_edge:
-                grads[slot] = g
-        return tuple(grads)
-
-    torch.library.register_autograd(f"pyg_multihead_agg::{name}", backward,
-                                    setup_context=setup_context)
+def _register_no_double_backward(name: str) -> None:
+    """The per-channel attention ops (gatv2_attention, transformer_attention)
+    have their autograd in C++ (csrc/autograd.cpp, ChannelAttention): their
+    backward op ``<name>_backward`` refuses a double backward."""
     torch.library.register_autograd(f"pyg_multihead_agg::{name}_backward", _no_double_backward,
                                     setup_context=_no_double_backward_context)
 
@@ -589,7 +543,7 @@ def _(rowptr, col, colptr, row, perm, x_l, x_r, e_feat, att, out, lse, grad_out,
             x_l.new_empty(num_edges, x_l.size(1), x_l.size(2)))
 
 
-_register_fused_autograd("gatv2_attention", source_slot=2, grad_slots=(2, 3, 5, 4), edge_slot=4)
+_register_no_double_backward("gatv2_attention")
 
 
 # ---------------------------------------------------------------------------
@@ -689,5 +643,4 @@ def _(rowptr, col, colptr, row, perm, query, key, value, e_feat, out, lse, grad_
             key.new_empty(num_edges, key.size(1), key.size(2)))
 
 
-_register_fused_autograd("transformer_attention", source_slot=3, grad_slots=(2, 3, 4, 5),
-                         edge_slot=5)
+_register_no_double_backward("transformer_attention")

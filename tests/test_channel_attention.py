@@ -442,6 +442,17 @@ def test_dropout_needs_philox_in_the_raw_op(op):
         forward(inp.rowptr, inp.col, *feats, 0.5, None)
 
 
+@pytest.mark.parametrize("op", OPS, ids=repr)
+def test_autograd_is_one_cpp_node(op):
+    # C++ autograd (csrc/autograd.cpp): one node per call, no Python formula.
+    inp = make_inputs(op, CASES[0], torch.float64, with_bias=True)
+    floats = {n: t.requires_grad_() for n, t in inp.floats().items()}
+    out, lse = run_op(inp.replace(**floats))
+    assert out.grad_fn is lse.grad_fn
+    assert out.grad_fn.name().startswith("torch::autograd::CppNode<")
+    assert "ChannelAttention" in out.grad_fn.name()
+
+
 # ---------------------------------------------------------------------------
 # Each op's own argument
 # ---------------------------------------------------------------------------
