@@ -117,7 +117,8 @@ class GAT(torch.nn.Module):
 
 def synthetic_params(args: argparse.Namespace) -> ogb_synthetic.Params:
     return ogb_synthetic.params_for(args.dataset, args.synthetic, homophily=args.homophily,
-                                    feature_noise=args.feature_noise, seed=args.seed)
+                                    feature_noise=args.feature_noise,
+                                    label_noise=args.label_noise, seed=args.seed)
 
 
 def load(name: str, root: str, synthetic: bool = False,
@@ -315,7 +316,8 @@ def plot(history: Dict[str, List[float]], title: str, path: str) -> None:
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--dataset", default="ogbn-arxiv", choices=DATASETS)
+    parser.add_argument("--dataset", default="ogbn-arxiv", choices=DATASETS,
+                        help="the OGB dataset (or the one --synthetic stands in for)")
     parser.add_argument("--root", default=DEFAULT_ROOT,
                         help="ogb's dataset folder (and the synthetic stand-ins')")
     parser.add_argument("--conv", default="gat", choices=tuple(CONVS),
@@ -323,18 +325,23 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                              "(TransformerConv), or mlp (no attention layer: the baseline)")
     parser.add_argument("--layer", default="ours", choices=LAYERS,
                         help="ours: pyg_multihead_agg.nn's layers; pyg: PyG's (the baseline)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--layers", type=int, default=3)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="where the model trains")
+    parser.add_argument("--layers", type=int, default=3, help="attention layers")
     parser.add_argument("--hidden", type=int, default=64, help="channels per head")
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--dropout", type=float, default=0.5)
-    parser.add_argument("--attn-dropout", type=float, default=0.1)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--epochs", type=int, default=100)
+    parser.add_argument("--heads", type=int, default=4,
+                        help="attention heads of every layer but the last (1)")
+    parser.add_argument("--dropout", type=float, default=0.5,
+                        help="dropout on the inputs and between the layers")
+    parser.add_argument("--attn-dropout", type=float, default=0.1,
+                        help="dropout on the attention coefficients")
+    parser.add_argument("--lr", type=float, default=2e-3, help="Adam's learning rate")
+    parser.add_argument("--epochs", type=int, default=100, help="training epochs")
     parser.add_argument("--fanout", default=None,
                         help="NeighborLoader fan-out per hop, e.g. 15,10 (needs pyg-lib or "
                              "torch-sparse); none: full batch")
-    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--batch-size", type=int, default=1024,
+                        help="seed nodes per mini-batch (with --fanout)")
     parser.add_argument("--num-workers", type=int, default=0,
                         help="NeighborLoader worker processes (0: sample in the main process)")
     parser.add_argument("--compile", action="store_true", help="torch.compile(dynamic=True)")
@@ -356,9 +363,11 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                                 "--dataset under --root and train on it (offline runs); "
                                 "ogbn-products' size: 2449029")
     synthetic.add_argument("--homophily", type=float, default=0.8,
-                           help="fraction of the edges within a class")
-    synthetic.add_argument("--feature-noise", type=float, default=5.0,
+                           help="fraction of the edges within a community (a class)")
+    synthetic.add_argument("--feature-noise", type=float, default=4.5,
                            help="noise over the class centroid in the features")
+    synthetic.add_argument("--label-noise", type=float, default=0.2,
+                           help="fraction of the nodes labelled with a random class")
     synthetic.add_argument("--write-only", action="store_true",
                            help="write the --synthetic graph, then stop")
     parser.add_argument("--summarise", nargs=2, default=None, metavar=("RESULTS", "STEM"),
