@@ -74,7 +74,7 @@ HAS_SAMPLER = WITH_PYG_LIB or WITH_TORCH_SPARSE  # what PyG's NeighborLoader sam
 # Epochs left out of the timing median (allocator warm-up, torch.compile).
 WARMUP_EPOCHS = 1
 HISTORY_KEYS = ("train_loss", "train_acc", "val_loss", "val_acc", "test_acc", "epoch_ms",
-                "wait_ms", "eval_ms")
+                "wait_ms", "eval_ms", "eval_epoch")
 
 
 class GAT(torch.nn.Module):
@@ -105,7 +105,7 @@ class GAT(torch.nn.Module):
     def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
         x = F.dropout(x, p=self.dropout, training=self.training)
         for i, skip in enumerate(self.skips):
-            x = skip(x) + self.convs[i](x, edge_index) if self.convs else skip(x)
+            x = self.convs[i](x, edge_index) + skip(x) if self.convs else skip(x)
             if i < len(self.norms):
                 x = F.dropout(F.elu(self.norms[i](x)), p=self.dropout, training=self.training)
         return x
@@ -128,8 +128,8 @@ def load(name: str, root: str, synthetic: bool = False,
     by ogb_synthetic.write) through ogb's loader or, without the ogb package
     (or with `use_ogb` False), through ogb_synthetic.read."""
     root = os.path.expanduser(root)
-    # ogb makes tensors of the arrays pandas reads (the split), which torch
-    # warns about on every load; they are copied before use.
+    # ogb makes tensors of read-only arrays (the split pandas reads), which
+    # torch warns about on every load; nothing writes to them.
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable",
                             category=UserWarning)
     if use_ogb is None:
@@ -306,9 +306,12 @@ def plot(history: Dict[str, List[float]], title: str, path: str) -> None:
               ("accuracy", ("train_acc", "val_acc", "test_acc")),
               ("epoch time (ms)", ("epoch_ms", "wait_ms")))
     fig, axes = plt.subplots(1, len(panels), figsize=(15, 4))
+    evaluated = history.get("eval_epoch")
     for ax, (label, keys) in zip(axes, panels, strict=True):
         for key in keys:
-            ax.plot(range(1, len(history[key]) + 1), history[key], label=key)
+            epochs = (evaluated if key in ("val_loss", "val_acc", "test_acc") and evaluated
+                      else range(1, len(history[key]) + 1))
+            ax.plot(epochs, history[key], label=key)
         ax.set_ylabel(label)
     save_epoch_figure(fig, axes, title, path)
 
@@ -337,6 +340,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help="dropout on the attention coefficients")
     parser.add_argument("--lr", type=float, default=2e-3, help="Adam's learning rate")
     parser.add_argument("--epochs", type=int, default=100, help="training epochs")
+    parser.add_argument("--eval-every", type=int, default=1, metavar="N",
+                        help="evaluate on the whole graph every N epochs and after the last; "
+                             "0: after the last only")
     parser.add_argument("--fanout", default=None,
                         help="NeighborLoader fan-out per hop, e.g. 15,10 (needs pyg-lib or "
                              "torch-sparse); none: full batch")
@@ -380,7 +386,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         parser.error("--resume needs --checkpoint")
     if args.write_only and not args.synthetic:
         parser.error("--write-only needs --synthetic")
-    for name in ("epochs", "log_every", "num_workers"):
+    for name in ("epochs", "eval_every", "log_every", "num_workers"):
         if getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be at least 0")
     return args
@@ -454,12 +460,13 @@ def run(args: argparse.Namespace, device: torch.device, rank: int, world: int) -
     progress = rank == 0 and not args.quiet and sys.stderr.isatty()
     log_every = args.log_every if rank == 0 and not args.quiet and not progress else 0
     bar = tqdm(range(start, args.epochs + 1), disable=not progress, desc=name)
-    status, steps = "ok", 0
+    status, steps, epoch, stage = "ok", 0, start, "training"
     try:
         for epoch in bar:
             # Each rank its own attention-dropout (Philox) stream, reproducible
             # on resume.
             torch.manual_seed(args.seed * 100_003 + 1_000 * epoch + rank)
+            stage = "training"
             nodes = rank_share(split_idx["train"], epoch, args.seed, rank, world)
             synchronize(device)
             t = time.perf_counter()
@@ -471,10 +478,13 @@ def run(args: argparse.Namespace, device: torch.device, rank: int, world: int) -
             history["train_loss"].append(loss_sum / count)
             history["train_acc"].append(correct / count)
             steps = -(-nodes.numel() // args.batch_size) if args.fanout else 1
-            if rank == 0:
+            if rank == 0 and (epoch == args.epochs
+                              or args.eval_every and epoch % args.eval_every == 0):
+                stage = "evaluation"
                 t = time.perf_counter()
                 metrics = evaluate(module, data, split_idx, autocast)
                 history["eval_ms"].append((time.perf_counter() - t) * 1e3)
+                history["eval_epoch"].append(epoch)
                 for key in ("val_loss", "val_acc", "test_acc"):
                     history[key].append(metrics[key])
                 if metrics["val_acc"] > best["val_acc"]:
@@ -482,24 +492,25 @@ def run(args: argparse.Namespace, device: torch.device, rank: int, world: int) -
                 bar.set_postfix(loss=f"{history['train_loss'][-1]:.3f}",
                                 val=f"{metrics['val_acc']:.3f}",
                                 test=f"{best['test_acc']:.3f}", refresh=False)
-                if log_every and epoch % log_every == 0:
-                    recent = slice(-log_every, None)
-                    print(f"{name} epoch {epoch}: loss {history['train_loss'][-1]:.3f}, "
-                          f"val acc {100 * metrics['val_acc']:.1f}%, test acc at best val "
-                          f"{100 * best['test_acc']:.1f}%, "
-                          f"{statistics.median(history['epoch_ms'][recent]):.1f} ms/epoch"
-                          + (f" ({statistics.median(history['wait_ms'][recent]):.1f} waiting "
-                             f"for batches)" if args.fanout else ""), flush=True)
-                if args.checkpoint:
-                    torch.save({"model": module.state_dict(), "optimizer": optimizer.state_dict(),
-                                "epoch": epoch, "history": history, "best": best},
-                               args.checkpoint)
+            if log_every and epoch % log_every == 0:
+                recent = slice(-log_every, None)
+                at = history["eval_epoch"][-1] if history["eval_epoch"] else None
+                val = "" if at is None else (
+                    f"val acc {100 * history['val_acc'][-1]:.1f}%"
+                    f"{'' if at == epoch else f' (epoch {at})'}, test acc at best val "
+                    f"{100 * best['test_acc']:.1f}%, ")
+                print(f"{name} epoch {epoch}: loss {history['train_loss'][-1]:.3f}, {val}"
+                      f"{statistics.median(history['epoch_ms'][recent]):.1f} ms/epoch"
+                      + (f" ({statistics.median(history['wait_ms'][recent]):.1f} waiting "
+                         f"for batches)" if args.fanout else ""), flush=True)
+            if rank == 0 and args.checkpoint:
+                torch.save({"model": module.state_dict(), "optimizer": optimizer.state_dict(),
+                            "epoch": epoch, "history": history, "best": best}, args.checkpoint)
             if world > 1:
                 dist.barrier()
     except torch.OutOfMemoryError as err:  # a result to record, not a crash
-        status = "out of memory"
-        say(f"{name}: out of memory at epoch {len(history['epoch_ms']) + 1}: "
-            f"{str(err).splitlines()[0]}")
+        status = f"out of memory in {stage}"
+        say(f"{name}: out of memory in {stage} at epoch {epoch}: {str(err).splitlines()[0]}")
     bar.close()
 
     timed = history["epoch_ms"][WARMUP_EPOCHS:] or history["epoch_ms"]
@@ -550,10 +561,14 @@ def _write_json(path: str, result: Dict[str, Any]) -> None:
 
 def environment(device: torch.device) -> Dict[str, Any]:
     """Where a result was measured: machine, versions, commit."""
+    def git(*argv: str) -> str:
+        return subprocess.run(["git", *argv], capture_output=True, text=True, timeout=10,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, cwd=os.path.dirname(os.path.abspath(__file__)),
-                                timeout=10).stdout.strip() or None
+        commit = git("rev-parse", "--short", "HEAD") or None
+        if commit and git("status", "--porcelain", "--untracked-files=no"):
+            commit += "+dirty"
     except (OSError, subprocess.SubprocessError):
         commit = None
     return dict(machine=device_name(device), device=str(device), torch=torch.__version__,
@@ -603,7 +618,7 @@ def summarise(results: str, stem: str) -> Dict[str, Any]:
                      f"classes, {p['num_features']} features (noise {p['feature_noise']}), "
                      f"max degree {s['max_degree']:,}, seed {p['seed']}")
     header = ["row", "conv", "layer", "compile", "amp", "mode", "status", "epochs",
-              "s / epoch (median)", "waiting for batches", "eval s", "peak GPU memory",
+              "s / epoch (median)", "of which waiting for batches", "eval s", "peak GPU memory",
               "best val acc", "test acc"]
     table = [header, ["---"] * len(header)]
     for r in rows:
@@ -615,7 +630,7 @@ def summarise(results: str, stem: str) -> Dict[str, Any]:
             r["row"], r.get("conv", ""), r.get("layer", ""), "yes" if r.get("compile") else "",
             r.get("amp") or "", r.get("mode", ""), r.get("status", ""), str(r.get("epochs", "")),
             f"{r['epoch_ms_median'] / 1e3:.3f}" if ok else "",
-            f"{r['wait_ms_median'] / 1e3:.3f} s" if ok and r.get("steps_per_epoch", 1) > 1
+            f"{r['wait_ms_median'] / 1e3:.3f}" if ok and r.get("mode", "").startswith("mini")
             else "",
             f"{r['eval_ms_median'] / 1e3:.3f}" if r.get("eval_ms_median") else "",
             _fmt_bytes(r.get("peak_memory_bytes")),

@@ -111,6 +111,7 @@ def _nearest_centroid_accuracy(x, y, num_classes):
     return float((torch.cdist(x, centroids).argmin(1) == y).double().mean())
 
 
+@pytest.mark.filterwarnings("ignore:Sparse:UserWarning")  # torch's beta CSR, its checks
 def test_the_graph_carries_the_class(products_like):
     """A node's own features name its community half the time; the mean of
     its neighbours' features (what a GAT's aggregation sees) almost always."""
@@ -234,6 +235,17 @@ def test_every_layer_family_trains(root, conv, layer):
             "pyg_multihead_agg" if layer == "ours" else "torch_geometric")
 
 
+def test_runs_without_the_ogb_package(root, monkeypatch):
+    """As on a machine without ogb: the synthetic graph through the reader of
+    its files, accuracy without ogb's Evaluator."""
+    for module in [m for m in sys.modules if m == "ogb" or m.startswith("ogb.")] + ["ogb"]:
+        monkeypatch.setitem(sys.modules, module, None)  # import ogb raises ImportError
+    result = run(["--root", root, "--synthetic", str(NODES), "--epochs", "2"])
+    assert result["epochs"] == 2 and 0 <= result["best"]["test_acc"] <= 1
+    with pytest.raises(SystemExit, match="needs the ogb package"):
+        run(["--root", root, "--epochs", "1"])
+
+
 def _gat_and_mlp(tmp_path, epochs):
     """Test accuracy of a small GAT and of the MLP of the same width (--conv
     mlp) on a 3,000-node ogbn-arxiv stand-in."""
@@ -257,8 +269,8 @@ def test_json_records_out_of_memory_as_a_result(root, tmp_path, monkeypatch):
     out = tmp_path / "oom.json"
     result = run(["--root", root, "--synthetic", str(NODES), "--epochs", "3", "--json",
                   str(out)])
-    assert result["status"] == "out of memory" and result["epochs"] == 0
-    assert json.loads(out.read_text())["status"] == "out of memory"
+    assert result["status"] == "out of memory in training" and result["epochs"] == 0
+    assert json.loads(out.read_text())["status"] == "out of memory in training"
 
 
 def test_resume_continues_the_same_run(root, tmp_path):
@@ -428,3 +440,26 @@ def test_ddp_gradients_equal_one_process(root, tmp_path):
     for name, param in model.named_parameters():
         assert torch.equal(first[name], again[name]), name
         torch.testing.assert_close(first[name], param.grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+# The device script, on the CPU -------------------------------------------------
+
+@pytest.mark.slow
+def test_device_script_runs_on_the_cpu(tmp_path):
+    """scripts/ogb_device.sh's steps on a small graph (DEVICE=cpu): a row per
+    run, a summary of them all."""
+    script = os.path.join(EXAMPLES, "..", "scripts", "ogb_device.sh")
+    env = dict(os.environ, OUT=str(tmp_path / "out"), PYTHON=sys.executable, DEVICE="cpu",
+               NODES="2000", EPOCHS="2", MB_EPOCHS="1", WORKERS="0", STEP_LIMIT="120",
+               ROOT=str(tmp_path / "root"), RESULTS=str(tmp_path / "results"),
+               SUMMARY=str(tmp_path / "ogb_cpu"))
+    proc = subprocess.run(["bash", script, "write,full-gat,minibatch"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "ogb_cpu.json").read_text())
+    rows = {r["row"]: r for r in summary["rows"]}
+    assert {"00_write", "10_gat_ours", "11_gat_pyg"} <= rows.keys()
+    assert all(rows[name]["status"] == "ok" for name in ("10_gat_ours", "11_gat_pyg"))
+    assert any(name.startswith("60_minibatch") for name in rows)
+    assert {"ogb.log", "ogb_results.tar", "ogb_cpu.md", "ogb_cpu.json"} <= set(
+        os.listdir(tmp_path / "out"))
