@@ -87,6 +87,66 @@ acc_t dropout_scale(double p) {
   return p >= 1.0 ? acc_t(0) : static_cast<acc_t>(1.0 / (1.0 - p));
 }
 
+// What every forward sets besides its policy's inputs: the CSR, the output
+// and lse, the sizes (D channels a head: the padded width for the
+// per-channel ops) and the dropout.
+template <typename scalar_t, typename index_t>
+AttentionParams<scalar_t, index_t> forward_params(const GatShape& s, int64_t D,
+                                                  const at::Tensor& rowptr, const at::Tensor& col,
+                                                  at::Tensor& out, at::Tensor& lse,
+                                                  double dropout_p,
+                                                  const std::optional<at::Tensor>& philox) {
+  using acc_t = at::opmath_type<scalar_t>;
+  AttentionParams<scalar_t, index_t> p{};
+  p.ptr = rowptr.data_ptr<index_t>();
+  p.idx = col.data_ptr<index_t>();
+  p.out = out.data_ptr<scalar_t>();
+  p.lse_out = lse.data_ptr<acc_t>();
+  p.num_rows = s.N_dst;
+  p.num_gathered = s.N_src;
+  p.num_edges = s.E;
+  p.H = static_cast<int>(s.H);
+  p.D = static_cast<int>(D);
+  p.HD = static_cast<int>(s.H * D);
+  p.scale = dropout_scale<acc_t>(dropout_p);
+  p.rng = make_rng(dropout_p, philox);
+  return p;
+}
+
+// What every backward sets besides its policy's inputs and gradients: the
+// CSC (perm_inv, grad_lse and bias may be undefined), grad_out, lse, the
+// sources' gradient rows (grad_src, into p.out), grad_z, the sizes and the
+// dropout.
+template <typename scalar_t, typename index_t>
+AttentionParams<scalar_t, index_t> backward_params(
+    const GatShape& s, int64_t D, const at::Tensor& colptr, const at::Tensor& row,
+    const at::Tensor& perm, const at::Tensor& perm_inv, const at::Tensor& grad_out,
+    const at::Tensor& lse, const at::Tensor& grad_lse, const at::Tensor& bias,
+    at::Tensor& grad_src, at::Tensor& grad_z, double dropout_p,
+    const std::optional<at::Tensor>& philox) {
+  using acc_t = at::opmath_type<scalar_t>;
+  AttentionParams<scalar_t, index_t> p{};
+  p.ptr = colptr.data_ptr<index_t>();
+  p.idx = row.data_ptr<index_t>();
+  p.perm = perm.data_ptr<index_t>();
+  p.perm_inv = perm_inv.defined() ? perm_inv.data_ptr<index_t>() : nullptr;
+  p.grad_out = grad_out.data_ptr<scalar_t>();
+  p.lse_in = lse.data_ptr<acc_t>();
+  p.grad_lse = grad_lse.defined() ? grad_lse.data_ptr<acc_t>() : nullptr;
+  p.bias = bias.defined() ? bias.data_ptr<scalar_t>() : nullptr;
+  p.out = grad_src.data_ptr<scalar_t>();
+  p.grad_z = grad_z.data_ptr<acc_t>();
+  p.num_rows = s.N_src;
+  p.num_gathered = s.N_dst;
+  p.num_edges = s.E;
+  p.H = static_cast<int>(s.H);
+  p.D = static_cast<int>(D);
+  p.HD = static_cast<int>(s.H * D);
+  p.scale = dropout_scale<acc_t>(dropout_p);
+  p.rng = make_rng(dropout_p, philox);
+  return p;
+}
+
 std::tuple<at::Tensor, at::Tensor> gat_attention_cuda(
     const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& s_src,
     const at::Tensor& s_dst, const std::optional<at::Tensor>& s_edge, const at::Tensor& x,
@@ -117,24 +177,13 @@ std::tuple<at::Tensor, at::Tensor> gat_attention_cuda(
   FLOAT_SWITCH(x.scalar_type(), "gat_attention", [&] {
     INDEX_SWITCH(rowptr.scalar_type(), "gat_attention", [&] {
       using acc_t = at::opmath_type<scalar_t>;
-      AttentionParams<scalar_t, index_t> p{};
-      p.ptr = rowptr_c.data_ptr<index_t>();
-      p.idx = col_c.data_ptr<index_t>();
+      auto p = forward_params<scalar_t, index_t>(s, s.D, rowptr_c, col_c, out, lse, dropout_p,
+                                                 philox);
       p.s_src = src_c.data_ptr<scalar_t>();
       p.s_dst = dst_c.data_ptr<scalar_t>();
       p.s_edge = has_edge ? edge_c.data_ptr<scalar_t>() : nullptr;
       p.x = x_c.data_ptr<scalar_t>();
-      p.out = out.data_ptr<scalar_t>();
-      p.lse_out = lse.data_ptr<acc_t>();
-      p.num_rows = s.N_dst;
-      p.num_gathered = s.N_src;
-      p.num_edges = s.E;
-      p.H = static_cast<int>(s.H);
-      p.D = static_cast<int>(s.D);
-      p.HD = static_cast<int>(s.H * s.D);
       p.negative_slope = static_cast<acc_t>(negative_slope);
-      p.scale = dropout_scale<acc_t>(dropout_p);
-      p.rng = make_rng(dropout_p, philox);
       launch_gat_forward(p, rowptr.options());
     });
   });
@@ -198,31 +247,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backwar
   FLOAT_SWITCH(x.scalar_type(), "gat_attention_backward", [&] {
     INDEX_SWITCH(rowptr.scalar_type(), "gat_attention_backward", [&] {
       using acc_t = at::opmath_type<scalar_t>;
-      AttentionParams<scalar_t, index_t> p{};
-      p.ptr = colptr_c.data_ptr<index_t>();
-      p.idx = row_c.data_ptr<index_t>();
-      p.perm = perm_c.data_ptr<index_t>();
-      p.perm_inv = has_inv ? inv_c.data_ptr<index_t>() : nullptr;
+      auto p = backward_params<scalar_t, index_t>(s, s.D, colptr_c, row_c, perm_c, inv_c, go,
+                                                  lse_c, glse_c, bias_c, grad_x, grad_z,
+                                                  dropout_p, philox);
       p.s_src = src_c.data_ptr<scalar_t>();
       p.s_dst = dst_c.data_ptr<scalar_t>();
       p.s_edge = has_edge ? edge_c.data_ptr<scalar_t>() : nullptr;
       p.x = x_c.data_ptr<scalar_t>();
-      p.grad_out = go.data_ptr<scalar_t>();
-      p.lse_in = lse_c.data_ptr<acc_t>();
-      p.grad_lse = has_glse ? glse_c.data_ptr<acc_t>() : nullptr;
-      p.bias = bias_c.defined() ? bias_c.data_ptr<scalar_t>() : nullptr;
-      p.out = grad_x.data_ptr<scalar_t>();
       p.grad_s_src = grad_src.data_ptr<scalar_t>();
-      p.grad_z = grad_z.data_ptr<acc_t>();
-      p.num_rows = s.N_src;
-      p.num_gathered = s.N_dst;
-      p.num_edges = s.E;
-      p.H = static_cast<int>(s.H);
-      p.D = static_cast<int>(s.D);
-      p.HD = static_cast<int>(s.H * s.D);
       p.negative_slope = static_cast<acc_t>(negative_slope);
-      p.scale = dropout_scale<acc_t>(dropout_p);
-      p.rng = make_rng(dropout_p, philox);
       launch_gat_backward(p, out_c.data_ptr<scalar_t>(), grad_dst.data_ptr<scalar_t>(),
                           rowptr_c.data_ptr<index_t>(), colptr.options());
     });
@@ -238,6 +271,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_attention_backwar
   }
   auto grad_edge = has_edge ? grad_z.to(x.scalar_type()) : at::empty({0, s.H}, x.options());
   return {grad_x, grad_src, grad_dst, grad_edge};
+}
+
+// The per-channel ops' result where there is nothing to compute: every
+// logit is 0 (no channels) or there is none, so lse = log(degree) (-inf for
+// rows without edges) and out = 0 (+ bias).
+std::tuple<at::Tensor, at::Tensor> per_channel_without_work(
+    const GatShape& s, const at::Tensor& rowptr, const at::TensorOptions& options,
+    const std::optional<at::Tensor>& bias) {
+  auto out = at::zeros({s.N_dst, s.H, s.D}, options);
+  if (bias.has_value() && bias->defined()) out.add_(*bias);
+  const auto lse_dtype = at::toOpMathType(c10::typeMetaToScalarType(options.dtype()));
+  auto lse = rowptr.diff().to(lse_dtype).log_().unsqueeze(1).expand({s.N_dst, s.H});
+  return {out, lse.contiguous()};
 }
 
 // GATv2 takes heads of a whole number of 16-byte vectors, 16-byte aligned:
@@ -295,12 +341,7 @@ std::tuple<at::Tensor, at::Tensor> gatv2_attention_cuda(
   const bool has_bias = bias.has_value() && bias->defined();
   const bool has_edge = e_feat.has_value() && e_feat->defined();
   if (s.N_dst == 0 || s.H == 0 || s.E == 0 || s.D == 0) {
-    // Every logit is 0 (no channels) or there is none: lse = log(degree)
-    // (-inf for rows without edges), out = 0 (+ bias).
-    auto out = at::zeros({s.N_dst, s.H, s.D}, x_l.options());
-    if (has_bias) out.add_(*bias);
-    auto lse = rowptr.diff().to(lse_dtype).log_().unsqueeze(1).expand({s.N_dst, s.H});
-    return {out, lse.contiguous()};
+    return per_channel_without_work(s, rowptr, x_l.options(), bias);
   }
   at::Tensor out, lse = at::empty({s.N_dst, s.H}, x_l.options().dtype(lse_dtype));
   const auto rowptr_c = rowptr.contiguous(), col_c = col.contiguous();
@@ -314,24 +355,13 @@ std::tuple<at::Tensor, at::Tensor> gatv2_attention_cuda(
     auto out_p = at::empty({s.N_dst, s.H, Dp}, x_l.options());
     INDEX_SWITCH(rowptr.scalar_type(), "gatv2_attention", [&] {
       using acc_t = at::opmath_type<scalar_t>;
-      AttentionParams<scalar_t, index_t> p{};
-      p.ptr = rowptr_c.data_ptr<index_t>();
-      p.idx = col_c.data_ptr<index_t>();
+      auto p = forward_params<scalar_t, index_t>(s, Dp, rowptr_c, col_c, out_p, lse, dropout_p,
+                                                 philox);
       p.x = xl_c.data_ptr<scalar_t>();
       p.x_dst = xr_c.data_ptr<scalar_t>();
       p.e_feat = has_edge ? ef_c.data_ptr<scalar_t>() : nullptr;
       p.att = att_c.data_ptr<scalar_t>();
-      p.out = out_p.data_ptr<scalar_t>();
-      p.lse_out = lse.data_ptr<acc_t>();
-      p.num_rows = s.N_dst;
-      p.num_gathered = s.N_src;
-      p.num_edges = s.E;
-      p.H = static_cast<int>(s.H);
-      p.D = static_cast<int>(Dp);
-      p.HD = static_cast<int>(s.H * Dp);
       p.negative_slope = static_cast<acc_t>(negative_slope);
-      p.scale = dropout_scale<acc_t>(dropout_p);
-      p.rng = make_rng(dropout_p, philox);
       launch_gatv2_forward_rows(p, rc, rowptr.options());
     });
     out = crop_channels(out_p, s.D);
@@ -390,33 +420,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_attention_backw
     at::Tensor att_part;
     INDEX_SWITCH(rowptr.scalar_type(), "gatv2_attention_backward", [&] {
       using acc_t = at::opmath_type<scalar_t>;
-      AttentionParams<scalar_t, index_t> p{};
-      p.ptr = colptr_c.data_ptr<index_t>();
-      p.idx = row_c.data_ptr<index_t>();
-      p.perm = perm_c.data_ptr<index_t>();
-      p.perm_inv = has_inv ? inv_c.data_ptr<index_t>() : nullptr;
+      auto p = backward_params<scalar_t, index_t>(s, Dp, colptr_c, row_c, perm_c, inv_c, go,
+                                                  lse_c, glse_c, bias_c, gxl, grad_z, dropout_p,
+                                                  philox);
       p.x = xl_c.data_ptr<scalar_t>();
       p.x_dst = xr_c.data_ptr<scalar_t>();
       p.e_feat = has_edge ? ef_c.data_ptr<scalar_t>() : nullptr;
       p.att = att_c.data_ptr<scalar_t>();
-      p.grad_out = go.data_ptr<scalar_t>();
-      p.lse_in = lse_c.data_ptr<acc_t>();
-      p.grad_lse = has_glse ? glse_c.data_ptr<acc_t>() : nullptr;
-      p.bias = has_bias ? bias_c.data_ptr<scalar_t>() : nullptr;
-      p.out = gxl.data_ptr<scalar_t>();
       p.grad_e_feat = has_edge ? gef.data_ptr<scalar_t>() : nullptr;
-      p.grad_z = grad_z.data_ptr<acc_t>();
       p.bits = reinterpret_cast<uint32_t*>(bits.data_ptr<int32_t>());
       p.W = W;
-      p.num_rows = s.N_src;
-      p.num_gathered = s.N_dst;
-      p.num_edges = s.E;
-      p.H = static_cast<int>(s.H);
-      p.D = static_cast<int>(Dp);
-      p.HD = static_cast<int>(s.H * Dp);
       p.negative_slope = static_cast<acc_t>(negative_slope);
-      p.scale = dropout_scale<acc_t>(dropout_p);
-      p.rng = make_rng(dropout_p, philox);
       att_part = launch_gatv2_backward_rows(p, out_c.data_ptr<scalar_t>(),
                                             gxr.data_ptr<scalar_t>(),
                                             rowptr_c.data_ptr<index_t>(), rc, colptr.options());
@@ -449,12 +463,7 @@ std::tuple<at::Tensor, at::Tensor> transformer_attention_cuda(
   const bool has_bias = bias.has_value() && bias->defined();
   const bool has_edge = e_feat.has_value() && e_feat->defined();
   if (s.N_dst == 0 || s.H == 0 || s.E == 0 || s.D == 0) {
-    // Every logit is 0 (no channels) or there is none: lse = log(degree)
-    // (-inf for rows without edges), out = 0 (+ bias).
-    auto out = at::zeros({s.N_dst, s.H, s.D}, key.options());
-    if (has_bias) out.add_(*bias);
-    auto lse = rowptr.diff().to(lse_dtype).log_().unsqueeze(1).expand({s.N_dst, s.H});
-    return {out, lse.contiguous()};
+    return per_channel_without_work(s, rowptr, key.options(), bias);
   }
   at::Tensor out, lse = at::empty({s.N_dst, s.H}, key.options().dtype(lse_dtype));
   const auto rowptr_c = rowptr.contiguous(), col_c = col.contiguous();
@@ -468,24 +477,13 @@ std::tuple<at::Tensor, at::Tensor> transformer_attention_cuda(
     auto out_p = at::empty({s.N_dst, s.H, Dp}, key.options());
     INDEX_SWITCH(rowptr.scalar_type(), "transformer_attention", [&] {
       using acc_t = at::opmath_type<scalar_t>;
-      AttentionParams<scalar_t, index_t> p{};
-      p.ptr = rowptr_c.data_ptr<index_t>();
-      p.idx = col_c.data_ptr<index_t>();
+      auto p = forward_params<scalar_t, index_t>(s, Dp, rowptr_c, col_c, out_p, lse, dropout_p,
+                                                 philox);
       p.x = v_c.data_ptr<scalar_t>();
       p.key = k_c.data_ptr<scalar_t>();
       p.x_dst = q_c.data_ptr<scalar_t>();
       p.e_feat = has_edge ? ef_c.data_ptr<scalar_t>() : nullptr;
-      p.out = out_p.data_ptr<scalar_t>();
-      p.lse_out = lse.data_ptr<acc_t>();
-      p.num_rows = s.N_dst;
-      p.num_gathered = s.N_src;
-      p.num_edges = s.E;
-      p.H = static_cast<int>(s.H);
-      p.D = static_cast<int>(Dp);
-      p.HD = static_cast<int>(s.H * Dp);
       p.score_scale = static_cast<acc_t>(scale);
-      p.scale = dropout_scale<acc_t>(dropout_p);
-      p.rng = make_rng(dropout_p, philox);
       launch_transformer_forward_rows(p, rc, rowptr.options());
     });
     out = crop_channels(out_p, s.D);
@@ -544,32 +542,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> transformer_attention
     auto grad_z = at::empty({s.E, s.H}, key.options().dtype(acc_dtype));
     INDEX_SWITCH(rowptr.scalar_type(), "transformer_attention_backward", [&] {
       using acc_t = at::opmath_type<scalar_t>;
-      AttentionParams<scalar_t, index_t> p{};
-      p.ptr = colptr_c.data_ptr<index_t>();
-      p.idx = row_c.data_ptr<index_t>();
-      p.perm = perm_c.data_ptr<index_t>();
-      p.perm_inv = has_inv ? inv_c.data_ptr<index_t>() : nullptr;
+      auto p = backward_params<scalar_t, index_t>(s, Dp, colptr_c, row_c, perm_c, inv_c, go,
+                                                  lse_c, glse_c, bias_c, gv, grad_z, dropout_p,
+                                                  philox);
       p.x = v_c.data_ptr<scalar_t>();
       p.key = k_c.data_ptr<scalar_t>();
       p.x_dst = q_c.data_ptr<scalar_t>();
       p.e_feat = has_edge ? ef_c.data_ptr<scalar_t>() : nullptr;
-      p.grad_out = go.data_ptr<scalar_t>();
-      p.lse_in = lse_c.data_ptr<acc_t>();
-      p.grad_lse = has_glse ? glse_c.data_ptr<acc_t>() : nullptr;
-      p.bias = has_bias ? bias_c.data_ptr<scalar_t>() : nullptr;
-      p.out = gv.data_ptr<scalar_t>();
       p.grad_key = gk.data_ptr<scalar_t>();
       p.grad_e_feat = has_edge ? gef.data_ptr<scalar_t>() : nullptr;
-      p.grad_z = grad_z.data_ptr<acc_t>();
-      p.num_rows = s.N_src;
-      p.num_gathered = s.N_dst;
-      p.num_edges = s.E;
-      p.H = static_cast<int>(s.H);
-      p.D = static_cast<int>(Dp);
-      p.HD = static_cast<int>(s.H * Dp);
       p.score_scale = static_cast<acc_t>(scale);
-      p.scale = dropout_scale<acc_t>(dropout_p);
-      p.rng = make_rng(dropout_p, philox);
       launch_transformer_backward_rows(p, out_c.data_ptr<scalar_t>(), gq.data_ptr<scalar_t>(),
                                        rowptr_c.data_ptr<index_t>(), col_c.data_ptr<index_t>(),
                                        rc, colptr.options());
