@@ -196,26 +196,32 @@ def reference(g: Graph, model: torch.nn.Module, x: Tensor, grad_out: Tensor,
 
 def run_variant(r: Row, make: Callable[[], Tuple[torch.nn.Module, object]], x: Tensor,
                 grad_out: Tensor, check: Check, baseline: Dict[str, float],
-                device: torch.device, args) -> None:
+                device: torch.device, args, autocast: Optional[torch.dtype] = None) -> None:
     """Check, then measure one (layer, adjacency) in one pass (``r.pass_``):
     the forward under no_grad, or the forward and then the gradients of every
     parameter. Each error must stay within the dtype's tolerance or twice PyG
     eager's own error (``baseline``), whichever is larger: in half precision
     some gradients are ill-conditioned (att_dst barely moves a row's softmax)
-    and PyG itself is far off."""
+    and PyG itself is far off. With ``autocast``, every call runs under
+    ``torch.autocast`` to that dtype (float32 parameters and inputs), checked
+    with that dtype's tolerance."""
     model, adj = make()
     # A compiled module names its parameters "_orig_mod.<name>".
     names = [name.removeprefix("_orig_mod.") for name, _ in model.named_parameters()]
     params = list(model.parameters())
 
+    def cast():
+        return torch.autocast(device.type, dtype=autocast, enabled=autocast is not None)
+
     if r.pass_ == FORWARD:
         def step(grad_out=grad_out):
-            with torch.no_grad():
+            with torch.no_grad(), cast():
                 return model(x, adj), ()
     else:
         def step(grad_out=grad_out):
-            out = model(x, adj)
-            return out, torch.autograd.grad(out, params, grad_out)
+            with cast():
+                out = model(x, adj)
+            return out, torch.autograd.grad(out, params, grad_out.to(out.dtype))
     counters = torch._dynamo.utils.counters
     counters.clear()
     t = time.perf_counter()
@@ -240,7 +246,8 @@ def run_variant(r: Row, make: Callable[[], Tuple[torch.nn.Module, object]], x: T
             err = float((grad.detach().double() - ref.double()).norm()) / scale
         r.rel_errs[f"grad {name}"] = err
     r.rel_err = max(r.rel_errs.values())
-    ok = all(err <= max(TOLERANCE[x.dtype], 2 * baseline.get(k, 0.0))
+    tolerance = TOLERANCE[autocast or x.dtype]
+    ok = all(err <= max(tolerance, 2 * baseline.get(k, 0.0))
              for k, err in r.rel_errs.items())
     r.check = "ok" if ok else "FAIL"
     del out, grads
@@ -319,23 +326,25 @@ def make_pyg_layer(family: Family, heads: int, channels: int, device: torch.devi
 
 
 def bench_dtype(g: Graph, dtype: torch.dtype, args, device: torch.device,
-                label: str) -> List[Row]:
-    """Every row of every family of ``args.families`` on one graph and dtype:
-    the same inputs for all."""
-    dname = str(dtype).replace("torch.", "")
+                label: str, autocast: Optional[torch.dtype] = None) -> List[Row]:
+    """Every row of every family of ``args.families`` on one graph and dtype
+    (with ``autocast``: float32 under autocast to it): the same inputs for
+    all."""
+    dname = str(autocast or dtype).replace("torch.", "") + (" autocast" if autocast else "")
     gen = torch.Generator(device).manual_seed(0)
     x = torch.randn(g.num_nodes, IN_CHANNELS, generator=gen, device=device, dtype=dtype)
     grad_out = torch.randn(g.num_nodes, g.heads * g.channels, generator=gen, device=device,
                            dtype=dtype)
     rows = []
     for family in args.families:
-        rows += bench_family(g, family, x, grad_out, args, device, label, dname)
+        rows += bench_family(g, family, x, grad_out, args, device, label, dname, autocast)
         common.free_memory(device)
     return rows
 
 
 def bench_family(g: Graph, family: Family, x: Tensor, grad_out: Tensor, args,
-                 device: torch.device, label: str, dname: str) -> List[Row]:
+                 device: torch.device, label: str, dname: str,
+                 autocast: Optional[torch.dtype] = None) -> List[Row]:
     """The rows of one layer family: PyG's layer and ours with one
     ``state_dict``, checked against PyG's in float64, then timed."""
     heads, channels, dtype = g.heads, g.channels, x.dtype
@@ -373,7 +382,7 @@ def bench_family(g: Graph, family: Family, x: Tensor, grad_out: Tensor, args,
         for pass_ in args.passes:
             body = functools.partial(run_variant, make=make, x=x, grad_out=grad_out,
                                      check=check, baseline=baseline.setdefault(pass_, {}),
-                                     device=device, args=args)
+                                     device=device, args=args, autocast=autocast)
             r = common.run_guarded(Row(label, dname, method, pass_,
                                        extra={"checked_on": check.what}), body, device)
             rows.append(r)
@@ -398,9 +407,11 @@ def bench_shape(shape: str, dtypes: List[torch.dtype], args, device: torch.devic
     notes.append(f"- {g.name}: N = {g.num_nodes:,}, E = {g.num_edges:,} (with self-loops), "
                  f"H = {g.heads}, D = {g.channels}, max in-degree {int(g.rowptr.diff().max()):,}")
     all_ok = True
-    for dtype in dtypes:
-        rows = bench_dtype(g, dtype, args, device, label or shape)
-        if dtype == dtypes[0] and rows:
+    runs = [(dtype, None) for dtype in dtypes]
+    runs += [(torch.float32, common.DTYPES[name]) for name in args.autocast]
+    for dtype, autocast in runs:
+        rows = bench_dtype(g, dtype, args, device, label or shape, autocast)
+        if (dtype, autocast) == runs[0] and rows:
             notes[-1] += f"; checked on {rows[-1].extra.get('checked_on')}"
         common.free_memory(device)
         rows_out += rows
@@ -542,6 +553,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="also run our fused GATConv with fold_scores=False")
     parser.add_argument("--no-compile", action="store_true",
                         help="eager rows only (skips torch.compile and its warm-up)")
+    parser.add_argument("--autocast", default="",
+                        help="comma list of bfloat16, float16: also run every row with float32 "
+                        "parameters and inputs under torch.autocast to that dtype (the rows' "
+                        "dtype reads e.g. 'bfloat16 autocast')")
     parser.add_argument("--passes", default=f"{FORWARD},{TRAIN}",
                         help=f"comma-separated: {FORWARD} (inference, under no_grad) and/or "
                         f"{TRAIN} (a training step)")
@@ -551,6 +566,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if bad or not args.passes:
         parser.error(f"--passes: expected {FORWARD} and/or {TRAIN}, got {args.passes!r}")
     args.families = CONV_CHOICES[args.conv]
+    args.autocast = [a for a in args.autocast.split(",") if a]
+    if any(a not in ("bfloat16", "float16") for a in args.autocast):
+        parser.error(f"--autocast: expected bfloat16 and/or float16, got {args.autocast!r}")
     # Every (layer, adjacency, graph, dtype) is its own compiled graph.
     torch._dynamo.config.recompile_limit = 64
 
