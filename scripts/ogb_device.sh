@@ -18,8 +18,11 @@
 #   full-bf16      GAT 4 x 64, ours and PyG's, --amp bf16
 #   full-narrow    GAT 2 x 16, ours and PyG's, eager (a width PyG may fit)
 #   minibatch      GAT 4 x 64 over NeighborLoader batches (15,10; 1024 seeds),
-#                  ours and PyG's; a "no sampler" row where neither pyg-lib
-#                  nor torch-sparse is installed
+#                  ours and PyG's; without pyg-lib or torch-sparse it first
+#                  builds torch-sparse for the CPU from a carried source
+#                  archive (SAMPLER_SDIST, default .device/sdist/torch_sparse-
+#                  *.tar.gz: `pip download --no-deps --no-binary :all:
+#                  torch-sparse`), else writes a "no sampler" row
 #   summary        benchmarks/reference/ogb_cuda.{md,json} from every result so far
 #   all            every step above, in this order (longer than one device call)
 # Every call ends with the summary of the results so far, and copies to $OUT:
@@ -40,8 +43,9 @@
 # (scripts/cross_build_device.sh, carry: ["pyg_multihead_agg/_C.abi3.so"]);
 # otherwise it is built here when no CUDA op runs (minutes, first call only
 # on a warm machine).
-# Env: EPOCHS (full-batch epochs, default 30), MB_EPOCHS (mini-batch epochs,
-# default 2), WORKERS (NeighborLoader workers, default 8), NODES (default
+# Env: SAMPLER_BUILD_LIMIT (seconds for that build, default 420; it took 13
+# minutes on a 2-core CPU), EPOCHS (full-batch epochs, default 30),
+# MB_EPOCHS (mini-batch epochs, default 2), WORKERS (NeighborLoader workers, default 8), NODES (default
 # 2449029), STEP_LIMIT (seconds per run, default 240), ROOT (the graph's
 # folder, default /tmp/pyg_multihead_agg_ogb), RESULTS (default
 # .device/ogb_results), SUMMARY (default benchmarks/reference/ogb_cuda), DEVICE
@@ -130,7 +134,18 @@ if has full-narrow; then
   full 51_gat_pyg_2x16 pyg --conv gat --heads 2 --hidden 16
 fi
 if has minibatch; then
-  if "$PY" -c "from torch_geometric.typing import WITH_PYG_LIB as a, WITH_TORCH_SPARSE as b; exit(0 if a or b else 1)"; then
+  sampler='from torch_geometric.typing import WITH_PYG_LIB as a, WITH_TORCH_SPARSE as b; exit(0 if a or b else 1)'
+  # Without a sampler: build torch-sparse for the CPU (NeighborLoader samples
+  # on the CPU) from a carried source archive, if there is one.
+  sdist=$(ls ${SAMPLER_SDIST:-.device/sdist/torch_sparse-*.tar.gz} 2>/dev/null | head -1)
+  if ! "$PY" -c "$sampler" 2> /dev/null && [ -n "$sdist" ]; then
+    say "minibatch: building torch-sparse (CPU) from $sdist"
+    FORCE_ONLY_CPU=1 MAX_JOBS="${MAX_JOBS:-16}" timeout "${SAMPLER_BUILD_LIMIT:-420}" \
+      "$PY" -m pip install -q --no-build-isolation --no-deps --target /tmp/sampler_site "$sdist" \
+      > "$OUT/sampler_build.log" 2>&1 && export PYTHONPATH="/tmp/sampler_site${PYTHONPATH:+:$PYTHONPATH}"
+    tail -2 "$OUT/sampler_build.log" >> "$LOG"
+  fi
+  if "$PY" -c "$sampler" 2> /dev/null; then
     # Evaluation (full graph) after the last epoch only: the rows time the batches.
     for layer in ours pyg; do
       row "60_minibatch_$layer" --layer "$layer" --fanout 15,10 --batch-size 1024 \
