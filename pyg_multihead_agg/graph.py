@@ -290,7 +290,8 @@ def _container_csc(adj) -> Optional[CSC]:
             colptr, perm = adj._T_indptr, adj._T_perm
             if colptr is None or perm is None:
                 return None
-            return colptr, adj.as_tensor()[1][perm], perm
+            row = adj._T_index[1]  # the destinations in CSC order, when cached
+            return colptr, adj.as_tensor()[1][perm] if row is None else row, perm
         (colptr, row), perm = adj.get_csr()
         return colptr, row, perm
     return None
