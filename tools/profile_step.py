@@ -9,6 +9,10 @@ torch.profiler, the kernels launched and their summed GPU time per step, the
 host syncs (cudaStreamSynchronize, cudaMemcpy device-to-host), the ops with
 the most host (self CPU) time and the kernels with the most GPU time; with
 --cprofile, the Python functions with the most time of their own.
+``--steps host`` prints the host time of one layer call on a tiny graph
+(each family, PyG's against ours), the everyday-regime target:
+
+    python tools/profile_step.py --device cpu --steps host
 """
 import argparse
 import cProfile
@@ -66,6 +70,53 @@ def cora_steps(conv: type, device: torch.device, data, count: int) -> List[Calla
             pred = out.argmax(dim=-1)
             [(pred[m] == data.y[m]).float().mean() for m in masks]
     return [step] * count
+
+
+def host_times(device: torch.device, repeats: int = 5, calls: int = 1000) -> None:
+    """The host time of one layer call on a tiny graph (16 nodes, 48 random
+    edges, 16 -> 4 x 8, one thread), where launches and Python, not the
+    kernels, take the time: forward (no_grad) and forward + backward, PyG's
+    GATConv, GATv2Conv and TransformerConv against ours from one state_dict;
+    the best of ``repeats`` averages over ``calls`` calls."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    x = torch.randn(16, 16, device=device)
+    edge_index = torch.randint(0, 16, (2, 48), device=device)
+
+    def per_call_us(layer: torch.nn.Module, train: bool) -> float:
+        params = list(layer.parameters())
+
+        def step():
+            with torch.set_grad_enabled(train):
+                out = layer(x, edge_index)
+                if train:
+                    torch.autograd.grad(out.sum(), params)
+        for _ in range(200):
+            step()
+        best = float("inf")
+        for _ in range(repeats):
+            sync(device)
+            t = time.perf_counter()
+            for _ in range(calls):
+                step()
+            sync(device)
+            best = min(best, (time.perf_counter() - t) / calls * 1e6)
+        return best
+
+    print(f"\n### host time per layer call, 16 nodes, 48 edges, {device}\n")
+    print("| layer | pass | PyG (us) | ours (us) |\n|---|---|---|---|")
+    for name in ("GATConv", "GATv2Conv", "TransformerConv"):
+        pyg = getattr(torch_geometric.nn, name)(16, 8, heads=4).to(device)
+        ours = getattr(pyg_multihead_agg.nn, name)(16, 8, heads=4).to(device)
+        ours.load_state_dict(pyg.state_dict())
+        for train in (False, True):
+            print(f"| {name} | {'forward + backward' if train else 'forward'} | "
+                  f"{per_call_us(pyg, train):.1f} | {per_call_us(ours, train):.1f} |", flush=True)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def first_call_steps(device: torch.device, shape: str, count: int) -> List[Callable[[], None]]:
@@ -146,7 +197,9 @@ def report(title: str, steps: List[Callable[[], None]], device: torch.device, wa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--steps", default="minibatch,cora")
+    parser.add_argument("--steps", default="minibatch,cora",
+                        help="comma list of minibatch, cora, firstcall, host (one layer "
+                        "call's host time on a tiny graph)")
     parser.add_argument("--layers", default="pyg,ours")
     parser.add_argument("--batches", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=5)
@@ -172,6 +225,8 @@ def main() -> None:
         report(f"first call (graph converted every call), {args.first_call_shape}, ours",
                first_call_steps(device, args.first_call_shape, args.warmup + 10), device,
                args.warmup, args.top, args.cprofile)
+    if "host" in kinds:
+        host_times(device)
     if "cora" in kinds:
         from train_cora import load_dataset
         data = load_dataset(args.root, "Cora")[0].to(device)
