@@ -18,12 +18,14 @@ that do not depend on index values (no host sync, no recompilation when the
 graph size changes); :func:`prepare_adjacency` computes it once outside the
 compiled region instead.
 """
+import collections
 import copy
 import weakref
-from typing import Any, Dict, NamedTuple, Optional, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch_geometric import EdgeIndex, is_compiling
 from torch_geometric.index import ptr2index
 from torch_geometric.typing import SparseTensor
@@ -566,8 +568,10 @@ def prepare(adj, num_src: int, num_dst: int, *, self_loops: Optional[int] = None
     Eagerly the first call for a graph checks the index range (one host sync;
     :class:`IndexError` as PyG's; see :func:`set_index_check`) and the result
     is cached per adjacency object. Under :func:`torch.compile` nothing is
-    checked or cached: the conversion is part of the compiled graph, unless
-    the adjacency comes from :func:`prepare_adjacency`.
+    checked: a plain :obj:`edge_index` goes through one operator that keeps
+    the graphs of the last few edge tensors it saw (:func:`_graph_of_edges`),
+    the containers' conversions are part of the compiled graph, and an
+    adjacency from :func:`prepare_adjacency` brings its own.
 
     Example:
         >>> import torch
@@ -581,6 +585,8 @@ def prepare(adj, num_src: int, num_dst: int, *, self_loops: Optional[int] = None
     if isinstance(attached, _Attached) and (attached.loops is None) == (self_loops is None):
         return attached.graph
     compiling = is_compiling()
+    if compiling and _plain_edge_index(adj):
+        return _compiled_graph(adj, num_src, num_dst, self_loops, need_csc)
     run = _outside_graph if _untraceable(adj) else _in_graph
     key = (num_src, num_dst, self_loops)
     graph = None if compiling else _cache_get(adj, key)
@@ -601,6 +607,88 @@ def prepare(adj, num_src: int, num_dst: int, *, self_loops: Optional[int] = None
     if not compiling:
         _cache_put(adj, key, graph)
     return graph
+
+
+# ---------------------------------------------------------------------------
+# Under torch.compile: a plain edge_index's graph, converted once per edge tensor
+# ---------------------------------------------------------------------------
+
+# The graphs of the last _EDGES_KEPT edge tensors _graph_of_edges converted,
+# most recent last: key -> (weak reference to the edge storage, parts).
+_EDGES: "collections.OrderedDict[tuple, Tuple[StorageWeakRef, List[Tensor]]]" = (
+    collections.OrderedDict())
+_EDGES_KEPT = 8
+
+
+def _plain_edge_index(adj) -> bool:
+    return (isinstance(adj, Tensor) and not isinstance(adj, EdgeIndex)
+            and adj.layout == torch.strided and adj.dim() == 2)
+
+
+def _compiled_graph(edge_index: Tensor, num_src: int, num_dst: int, loops: Optional[int],
+                    need_csc: bool) -> Graph:
+    parts = torch.ops.pyg_multihead_agg._graph_of_edges(
+        edge_index, num_src, num_dst, -1 if loops is None else loops, need_csc)
+    csc = tuple(parts[3:]) if need_csc else None
+    return Graph(parts[0], parts[1], csc, None, parts[2], num_dst)
+
+
+def _edges_key(edge_index: Tensor, *args) -> tuple:
+    # The storage (by address: the weak reference kept beside the entry
+    # holds the address while the entry lives), the view, the version (an
+    # in-place change bumps it) and the conversion's arguments.
+    return (edge_index.untyped_storage().data_ptr(), edge_index.device, edge_index.dtype,
+            edge_index.storage_offset(), tuple(edge_index.shape), edge_index.stride(),
+            edge_index._version) + args
+
+
+def _graph_of_edges_parts(edge_index: Tensor, num_src: int, num_dst: int, loops: int,
+                          need_csc: bool) -> List[Tensor]:
+    key = _edges_key(edge_index, num_src, num_dst, loops, need_csc)
+    hit = _EDGES.get(key)
+    if hit is not None and not hit[0].expired():
+        _EDGES.move_to_end(key)
+        return hit[1]
+    graph = _build(edge_index, num_src, num_dst, None if loops < 0 else loops, False, need_csc)
+    if need_csc and graph.csc is None:
+        graph = _with_csc(graph, edge_index, num_src, False)
+    parts = [graph.rowptr, graph.col, graph.edge_perm] + (list(graph.csc) if need_csc else [])
+    for stale in [k for k, (ref, _) in _EDGES.items() if ref.expired()]:
+        del _EDGES[stale]
+    _EDGES[key] = (StorageWeakRef(edge_index.untyped_storage()), parts)
+    while len(_EDGES) > _EDGES_KEPT:
+        _EDGES.popitem(last=False)
+    return parts
+
+
+# CUDA graphs would replay the copies below from the first graph's tensors.
+_EDGES_TAGS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
+
+
+@torch.library.custom_op("pyg_multihead_agg::_graph_of_edges", mutates_args=(),
+                         tags=_EDGES_TAGS)
+def _graph_of_edges(edge_index: Tensor, num_src: int, num_dst: int, loops: int,
+                    need_csc: bool) -> List[Tensor]:
+    r"""The graph of a plain :obj:`edge_index` under :func:`torch.compile`:
+    :obj:`[rowptr, col, edge_perm]` (and :obj:`[colptr, row, perm]` with
+    :obj:`need_csc`), converted as :func:`prepare` traces it (no index
+    check; the caller's self-loops to a spare row when :obj:`loops >= 0`),
+    once per edge tensor: the graphs of the last few edge tensors (by
+    storage, view and version) are kept, so that a compiled model on a
+    fixed graph converts it once, as an eager one does, and the layers of
+    one step share a mini-batch's. Returned as copies, which the compiled
+    graph owns (it may reuse an operator's outputs as scratch)."""
+    return [t.clone() for t in _graph_of_edges_parts(edge_index, num_src, num_dst, loops,
+                                                       need_csc)]
+
+
+@_graph_of_edges.register_fake
+def _(edge_index, num_src, num_dst, loops, need_csc):
+    num_edges = edge_index.size(1)
+    rows, total = (num_dst, num_edges) if loops < 0 else (num_dst + 1, num_edges + loops)
+    dtype = _index_dtype(edge_index.device, total, num_src, rows)
+    sizes = [rows + 1, total, total] + ([num_src + 1, total, total] if need_csc else [])
+    return [edge_index.new_empty(size, dtype=dtype) for size in sizes]
 
 
 def _untraceable(adj) -> bool:
@@ -698,10 +786,11 @@ def prepare_adjacency(adj, num_nodes: Optional[int] = None, *,
     the same index storage) that carries the prepared graph (CSR, CSC and,
     on CUDA, int32 indices and the inverse permutation), which eager calls
     and compiled models then read instead of converting the adjacency. Eager
-    calls cache per graph by themselves; a compiled model cannot, so a
-    full-batch model under :func:`torch.compile` should be given the
-    prepared adjacency. Mini-batches need no preparation: their conversion
-    is traced into the compiled graph.
+    calls cache per graph by themselves, and so do compiled models on a
+    plain :obj:`edge_index` (with one copy of the graph per step); the
+    prepared adjacency spares a compiled full-batch model that copy, and a
+    container (:class:`~torch_geometric.EdgeIndex`, :class:`SparseTensor`)
+    its conversion in every step. Mini-batches need no preparation.
 
     Args:
         adj: any adjacency the layers accept (see :func:`prepare`).

@@ -257,3 +257,107 @@ def test_routing_adjacency_is_the_csr_and_cached_for_small_graphs(monkeypatch):
     again = graphs.routing_adjacency(adj, graph, 20)
     assert again is not graphs.routing_adjacency(adj, graph, 20)
     assert torch.equal(again.as_tensor(), routing.as_tensor())
+
+
+# Under torch.compile a plain edge_index goes through one operator that keeps
+# the graphs of the last few edge tensors (graph._graph_of_edges).
+
+def _counting_build(monkeypatch):
+    calls = []
+    build = graphs._build
+
+    def counted(*args, **kwargs):
+        calls.append(None)  # (holding the adjacency would keep it alive)
+        return build(*args, **kwargs)
+    monkeypatch.setattr(graphs, "_build", counted)
+    return calls
+
+
+@pytest.mark.parametrize("loops", [None, 6])
+@pytest.mark.parametrize("need_csc", [False, True])
+def test_graph_of_edges_is_the_traced_conversion(loops, need_csc):
+    """The operator's graph is prepare's traced one (no index check, a spare
+    row for the caller's self-loops), and opcheck passes (schema, fake
+    shapes and dtypes, no aliasing of the kept tensors)."""
+    gen = torch.Generator().manual_seed(0)
+    edge_index = torch.randint(0, 6, (2, 20), generator=gen)
+    graphs._EDGES.clear()
+    parts = torch.ops.pyg_multihead_agg._graph_of_edges(
+        edge_index, 6, 6, -1 if loops is None else loops, need_csc)
+    want = graphs._build(edge_index, 6, 6, loops, False, need_csc)
+    if need_csc and want.csc is None:
+        want = graphs._with_csc(want, edge_index, 6, False)
+    expected = [want.rowptr, want.col, want.edge_perm] + (list(want.csc) if need_csc else [])
+    assert len(parts) == len(expected)
+    for got, ref in zip(parts, expected, strict=True):
+        assert torch.equal(got, ref)
+    # Copies: the caller may write into them without touching the kept graph.
+    parts[1].fill_(-1)
+    again = torch.ops.pyg_multihead_agg._graph_of_edges(
+        edge_index, 6, 6, -1 if loops is None else loops, need_csc)
+    assert torch.equal(again[1], want.col)
+    torch.library.opcheck(torch.ops.pyg_multihead_agg._graph_of_edges.default,
+                          (edge_index, 6, 6, -1 if loops is None else loops, need_csc))
+
+
+def test_graph_of_edges_converts_each_edge_tensor_once(monkeypatch):
+    """Per edge tensor, one conversion: again for the same tensor (and for a
+    view of the same storage with the same shape) it is kept; an in-place
+    change, another tensor, or other sizes convert anew; dead tensors' graphs
+    are dropped and at most _EDGES_KEPT are kept."""
+    calls = _counting_build(monkeypatch)
+    graphs._EDGES.clear()
+    op = torch.ops.pyg_multihead_agg._graph_of_edges
+    edge_index = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]])
+    first = op(edge_index, 4, 4, 4, True)
+    op(edge_index, 4, 4, 4, True)
+    assert len(calls) == 1
+    op(edge_index, 4, 4, -1, True)  # other arguments
+    assert len(calls) == 2
+    edge_index[0, 0] = 2  # in place: the version changes
+    changed = op(edge_index, 4, 4, 4, True)
+    assert len(calls) == 3 and not torch.equal(changed[1], first[1])
+    op(edge_index.clone(), 4, 4, 4, True)  # another tensor, same values
+    assert len(calls) == 4
+    for _ in range(graphs._EDGES_KEPT + 3):
+        op(torch.tensor([[0, 1], [1, 0]]), 2, 2, -1, False)  # each dies after the call
+    assert len(graphs._EDGES) <= graphs._EDGES_KEPT
+    own = edge_index.untyped_storage().data_ptr()
+    others = [ref for key, (ref, _) in graphs._EDGES.items() if key[0] != own]
+    assert others and all(ref.expired() for ref in others)  # kept only while their tensor lives
+    op(torch.tensor([[0, 1], [1, 0]]), 2, 2, -1, True)  # a conversion drops the dead ones
+    assert all(key[0] == own for key in list(graphs._EDGES)[:-1])
+
+
+@pytest.mark.parametrize("add_self_loops", [False, True])
+def test_compiled_layer_converts_a_plain_edge_index_once(add_self_loops, monkeypatch):
+    """A compiled GATConv on a plain edge_index converts the graph at its
+    first call only, as the eager layer does, matches eager (output and
+    gradients), and converts again after an in-place change of the edges."""
+    torch.manual_seed(0)
+    n = 12
+    edge_index = torch.randint(0, n, (2, 40))
+    x = torch.randn(n, 8)
+    layer = pma.nn.GATConv(8, 4, heads=2, add_self_loops=add_self_loops)
+    params = list(layer.parameters())
+
+    def step(model):
+        out = model(x, edge_index)
+        return out, torch.autograd.grad(out.square().sum(), params)
+    torch._dynamo.reset()
+    graphs._EDGES.clear()
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    calls = _counting_build(monkeypatch)
+    for _ in range(3):
+        out, grads = step(compiled)
+    assert len(calls) == 1
+    graphs.clear_cache()
+    want, want_grads = step(layer)
+    assert torch.allclose(out, want, atol=1e-6)
+    for g, w in zip(grads, want_grads, strict=True):
+        assert torch.allclose(g, w, atol=1e-5)
+    edge_index[1, :5] = (edge_index[1, :5] + 1) % n  # in place
+    out, _ = step(compiled)
+    graphs.clear_cache()
+    want, _ = step(layer)
+    assert torch.allclose(out, want, atol=1e-6)
