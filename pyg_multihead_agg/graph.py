@@ -489,8 +489,10 @@ def _with_csc(graph: Graph, adj, num_src: int, perm_inv: bool = True) -> Graph:
 # Cache: per adjacency object, shared by all layers
 # ---------------------------------------------------------------------------
 
-def _index_versions(adj) -> Tuple[int, ...]:
-    # In-place changes to an adjacency's indices bump these counters.
+def _index_versions(adj) -> Optional[Tuple[int, ...]]:
+    # In-place changes to an adjacency's indices bump these counters. None:
+    # indices made under torch.inference_mode, which keep no counter (and
+    # can change in place there unseen): such graphs are not cached.
     if isinstance(adj, SparseTensor):
         storage = adj.storage
         tensors = (storage._rowptr, storage._row, storage._col)
@@ -500,7 +502,10 @@ def _index_versions(adj) -> Tuple[int, ...]:
         tensors = (adj._indices(),)
     else:
         tensors = (getattr(adj, "_data", adj),)
-    return tuple(t._version for t in tensors if t is not None)
+    tensors = [t for t in tensors if t is not None]
+    if any(t.is_inference() for t in tensors):
+        return None
+    return tuple(t._version for t in tensors)
 
 
 _CACHE: Dict[int, Dict[Any, Tuple[Tuple[int, ...], Any]]] = {}
@@ -508,12 +513,14 @@ _CACHE: Dict[int, Dict[Any, Tuple[Tuple[int, ...], Any]]] = {}
 
 def _cache_get(adj, key) -> Any:
     entry = _CACHE.get(id(adj), {}).get(key)
-    if entry is None or entry[0] != _index_versions(adj):
+    if entry is None or entry[0] is None or entry[0] != _index_versions(adj):
         return None
     return entry[1]
 
 
 def _cache_put(adj, key, value) -> None:
+    if _index_versions(adj) is None:
+        return  # no version counter: converted at every call
     ident = id(adj)
     if ident not in _CACHE:
         _CACHE[ident] = {}
@@ -644,8 +651,10 @@ def _edges_key(edge_index: Tensor, *args) -> tuple:
 
 def _graph_of_edges_parts(edge_index: Tensor, num_src: int, num_dst: int, loops: int,
                           need_csc: bool) -> List[Tensor]:
-    key = _edges_key(edge_index, num_src, num_dst, loops, need_csc)
-    hit = _EDGES.get(key)
+    # (indices made under torch.inference_mode keep no version counter: not kept)
+    keep = not edge_index.is_inference()
+    key = _edges_key(edge_index, num_src, num_dst, loops, need_csc) if keep else None
+    hit = _EDGES.get(key) if keep else None
     if hit is not None and not hit[0].expired():
         _EDGES.move_to_end(key)
         return hit[1]
@@ -653,11 +662,12 @@ def _graph_of_edges_parts(edge_index: Tensor, num_src: int, num_dst: int, loops:
     if need_csc and graph.csc is None:
         graph = _with_csc(graph, edge_index, num_src, False)
     parts = [graph.rowptr, graph.col, graph.edge_perm] + (list(graph.csc) if need_csc else [])
-    for stale in [k for k, (ref, _) in _EDGES.items() if ref.expired()]:
-        del _EDGES[stale]
-    _EDGES[key] = (StorageWeakRef(edge_index.untyped_storage()), parts)
-    while len(_EDGES) > _EDGES_KEPT:
-        _EDGES.popitem(last=False)
+    if keep:
+        for stale in [k for k, (ref, _) in _EDGES.items() if ref.expired()]:
+            del _EDGES[stale]
+        _EDGES[key] = (StorageWeakRef(edge_index.untyped_storage()), parts)
+        while len(_EDGES) > _EDGES_KEPT:
+            _EDGES.popitem(last=False)
     return parts
 
 

@@ -361,3 +361,27 @@ def test_compiled_layer_converts_a_plain_edge_index_once(add_self_loops, monkeyp
     graphs.clear_cache()
     want, _ = step(layer)
     assert torch.allclose(out, want, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_inference_mode_graphs_are_converted_not_cached(device):
+    """Indices made under torch.inference_mode keep no version counter: the
+    layer (eager, and the compile-path operator) converts them at every
+    call, so an in-place edit there is seen, and the output matches the same
+    graph made outside inference mode."""
+    torch.manual_seed(0)
+    conv = pma.nn.GATConv(8, 4, heads=2).to(device)
+    x = torch.randn(10, 8, device=device)
+    edge_index = torch.randint(0, 10, (2, 30), device=device)
+    want = conv(x, edge_index).detach()
+    with torch.inference_mode():
+        frozen = edge_index.clone()
+        assert torch.allclose(conv(x, frozen), want, atol=1e-6)
+        frozen[1, :10] = (frozen[1, :10] + 3) % 10  # unseen by any version counter
+        edited = frozen.clone()
+    assert torch.allclose(conv(x, frozen), conv(x, torch.tensor(edited.tolist(), device=device)),
+                          atol=1e-6)
+    graphs._EDGES.clear()
+    with torch.inference_mode():
+        parts = torch.ops.pyg_multihead_agg._graph_of_edges(frozen, 10, 10, 10, False)
+    assert not graphs._EDGES and parts[1].numel() == 40
