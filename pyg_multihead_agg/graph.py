@@ -13,10 +13,12 @@ its result per adjacency object (shared by every layer that sees the same
 object, dropped with the object, rebuilt when its indices are edited in
 place), so a graph used step after step is converted once and a new graph
 (a mini-batch) is converted once per step, for all layers together. Under
-:func:`torch.compile` the conversion is traced into the graph with shapes
-that do not depend on index values (no host sync, no recompilation when the
-graph size changes); :func:`prepare_adjacency` computes it once outside the
-compiled region instead.
+:func:`torch.compile` the conversion has shapes that do not depend on index
+values (no host sync, no recompilation when the graph size changes): a plain
+:obj:`edge_index` goes through one operator that converts each edge tensor
+once (:func:`_graph_of_edges`), the containers' conversions are traced into
+the graph, and :func:`prepare_adjacency` computes any of them once outside
+the compiled region instead.
 """
 import collections
 import copy
@@ -641,9 +643,10 @@ def _compiled_graph(edge_index: Tensor, num_src: int, num_dst: int, loops: Optio
 
 
 def _edges_key(edge_index: Tensor, *args) -> tuple:
-    # The storage (by address: the weak reference kept beside the entry
-    # holds the address while the entry lives), the view, the version (an
-    # in-place change bumps it) and the conversion's arguments.
+    # The storage (by its data address; the weak reference kept beside the
+    # entry tells whether that storage still lives, since a new one may take
+    # a freed address), the view, the version (an in-place change bumps it)
+    # and the conversion's arguments.
     return (edge_index.untyped_storage().data_ptr(), edge_index.device, edge_index.dtype,
             edge_index.storage_offset(), tuple(edge_index.shape), edge_index.stride(),
             edge_index._version) + args
