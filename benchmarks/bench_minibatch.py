@@ -19,6 +19,11 @@ Models: PyG's GATConv eager and under torch.compile(dynamic=True), ours
 (pyg_multihead_agg.nn.GATConv) eager, eager without the index check
 (graph.set_index_check(False): no host sync) and compiled.
 
+Edge orders (``--edge-orders``): ``loader``, the batches as NeighborLoader
+returns them (grouped by destination), and ``shuffled``, the same batches
+with each one's edges in a random order (a sampler's or a loader's output
+that is not grouped by destination); every model in each.
+
     python benchmarks/bench_minibatch.py --device cuda
     python benchmarks/bench_minibatch.py --device cpu --batches 8
 """
@@ -108,6 +113,16 @@ def to_device(batches, device):
         times.append((time.perf_counter() - start) * 1e3)
         out.append(moved)
     return out, times
+
+
+def shuffle_edges(batches, seed: int):
+    """The same batches, each with its edges in a random order."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for x, edge_index, y in batches:
+        order = torch.randperm(edge_index.size(1), generator=gen).to(edge_index.device)
+        out.append((x, edge_index[:, order], y))
+    return out
 
 
 def make_model(method: str, in_channels: int, num_classes: int, device, seed: int):
@@ -214,6 +229,10 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Row]:
     parser.add_argument("--classes", type=int, default=47)
     parser.add_argument("--methods", default=",".join(METHODS),
                         help="comma list of " + ", ".join(METHODS))
+    parser.add_argument("--edge-orders", default="loader,shuffled",
+                        help="comma list of loader (as NeighborLoader returns the edges, "
+                             "grouped by destination), shuffled (each batch's edges in a "
+                             "random order)")
     parser.add_argument("--seed", type=int, default=0)
     add_output_args(parser)
     args = parser.parse_args(argv)
@@ -226,6 +245,9 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Row]:
     if unknown:
         parser.error(f"unknown methods {sorted(unknown)}; choose from {', '.join(METHODS)}")
     fanout = [int(f) for f in args.fanout.split(",")]
+    orders = args.edge_orders.split(",")
+    if not orders or set(orders) - {"loader", "shuffled"}:
+        parser.error(f"--edge-orders: a comma list of loader, shuffled; got {args.edge_orders!r}")
 
     meta = environment(device, sys.argv if argv is None else ["bench_minibatch.py", *argv])
     cpu_batches, sample_ms, setup_s = sample_batches(
@@ -234,7 +256,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Row]:
     batches, copy_ms = to_device(cpu_batches, device)
     nodes = [b.num_nodes for b in cpu_batches]
     edges = [b.num_edges for b in cpu_batches]
-    meta.update(shape=args.shape, fanout=args.fanout, batch_size=args.batch_size,
+    meta.update(shape=args.shape, edge_orders=args.edge_orders, fanout=args.fanout,
+                batch_size=args.batch_size,
                 timed_batches=args.batches, warmup_batches=args.warmup,
                 in_channels=args.in_channels, hidden="4 heads x 32", classes=args.classes,
                 nodes_per_batch=round(statistics.mean(nodes)),
@@ -250,31 +273,35 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Row]:
     ref = reference_output(batches[0], args.in_channels, args.classes, device, args.seed)
 
     rows = []
-    for method in methods:
-        log(f"{method}")
-        row = Row(shape=args.shape, dtype="float32", method=method,
-                  pass_="forward+backward+step")
-        rows.append(run_guarded(row, lambda r: bench_method(r, batches, ref, args, device),
-                                device))
-        free_memory(device)
-        if row.ms:
-            log(f"  {row.ms:.2f} ms/batch, {row.extra['batches_per_s']:.1f} batches/s, "
-                f"peak +{fmt_bytes(row.peak_extra_bytes)}, err {row.rel_err:.1e}")
-        else:
-            log(f"  {row.status}")
-    add_speedups(rows, PEERS)
+    for order in orders:
+        ordered = batches if order == "loader" else shuffle_edges(batches, args.seed)
+        for method in methods:
+            log(f"{method}, {order} edge order")
+            row = Row(shape=args.shape, dtype="float32", method=method,
+                      pass_="forward+backward+step", extra={"edge_order": order})
+            rows.append(run_guarded(
+                row, lambda r, o=ordered: bench_method(r, o, ref, args, device), device))
+            free_memory(device)
+            if row.ms:
+                log(f"  {row.ms:.2f} ms/batch, {row.extra['batches_per_s']:.1f} batches/s, "
+                    f"peak +{fmt_bytes(row.peak_extra_bytes)}, err {row.rel_err:.1e}")
+            else:
+                log(f"  {row.status}")
+        del ordered
+    add_speedups(rows, PEERS, group=lambda r: r.extra["edge_order"])
 
     def cells(r: Row):
         speedups = [f"{r.speedup[p]:.2f}x" if p in r.speedup else "" for p in PEERS]
-        return [r.method, f"{r.ms:.2f}" if r.ms else r.status,
+        return [r.extra["edge_order"], r.method, f"{r.ms:.2f}" if r.ms else r.status,
                 f"{r.extra['batches_per_s']:.1f}" if r.ms else "",
                 fmt_bytes(r.peak_extra_bytes), *speedups,
                 str(r.extra.get("host_syncs_per_step", "")),
                 f"{r.rel_err:.1e}" if r.rel_err is not None else ""]
 
-    table = markdown_table(["model", "ms / batch (median)", "batches / s", "peak extra memory",
-                            "vs PyG eager", "vs PyG compiled", "host syncs / step",
-                            "rel. error vs float64"], [cells(r) for r in rows])
+    table = markdown_table(["edge order", "model", "ms / batch (median)", "batches / s",
+                            "peak extra memory", "vs PyG eager", "vs PyG compiled",
+                            "host syncs / step", "rel. error vs float64"],
+                           [cells(r) for r in rows])
     notes = (f"Sampling (CPU, NeighborLoader) {meta['sampling_ms_per_batch']} ms and the copy to "
              f"the device {meta['copy_to_device_ms_per_batch']} ms per batch, not in the model "
              "time.")

@@ -444,14 +444,17 @@ def _build(adj, num_src: int, num_dst: int, loops: Optional[int], exact: bool,
         dst = torch.where(src == dst, torch.full_like(dst, num_dst), dst)
         nodes = torch.arange(loops, dtype=dtype, device=device)
         src, dst = torch.cat([src, nodes]), torch.cat([dst, nodes])
+    crop = exact and loops is not None  # the spare row holds only the caller's self-loops
+    kept = total - own_loops
     if dst_sorted:
         graph = Graph(_ptr(dst, num_rows), src, None, None, None, num_dst)
+    elif need_csc and not src_sorted:
+        return _sorted_both(src, dst, num_src, num_dst, num_rows, kept if crop else None)
     else:
         sorted_dst, edge_perm = torch.sort(dst, stable=True)
         col, edge_perm = src[edge_perm], edge_perm.to(dtype)
         rowptr = _ptr(sorted_dst, num_rows)
-        if exact and loops is not None:
-            kept = total - own_loops
+        if crop:
             rowptr, col, edge_perm = rowptr[:num_dst + 1], col[:kept], edge_perm[:kept]
         graph = Graph(rowptr, col, None, None, edge_perm, num_dst)
     if need_csc and src_sorted:
@@ -466,6 +469,28 @@ def _build(adj, num_src: int, num_dst: int, loops: Optional[int], exact: bool,
         perm_inv = edge_perm if device.type == "cuda" else None
         graph = graph._replace(csc=(_ptr(src, num_src), dst, perm), perm_inv=perm_inv)
     return graph
+
+
+def _sorted_both(src: Tensor, dst: Tensor, num_src: int, num_dst: int, num_rows: int,
+                 kept: Optional[int]) -> Graph:
+    # The CSR and the CSC of an edge list in no known order from one sort
+    # call (both rows of [dst; src] at once, stable): a CSC entry's position
+    # within its source follows the caller's edge order. `kept`: the spare
+    # row num_dst (the caller's own self-loops) is cut from both, leaving
+    # `kept` edges; their source key becomes num_src so that they sort last
+    # in the CSC too.
+    dtype = src.dtype
+    src_key = src
+    if kept is not None:
+        src_key = torch.where(dst == num_dst, torch.full_like(src, num_src), src)
+    keys, order = torch.sort(torch.stack([dst, src_key]), dim=1, stable=True)
+    rowptr, colptr = _ptr(keys[0], num_rows), _ptr(keys[1], num_src)
+    edge_perm = order[0].to(dtype)
+    col, row, perm = src[order[0]], dst[order[1]], invert_perm(edge_perm)[order[1]]
+    if kept is not None:
+        rowptr, col, edge_perm = rowptr[:num_dst + 1], col[:kept], edge_perm[:kept]
+        row, perm = row[:kept], perm[:kept]
+    return Graph(rowptr, col, (colptr, row, perm), None, edge_perm, num_dst)
 
 
 def _non_decreasing(index: Tensor) -> Tensor:
@@ -841,6 +866,8 @@ def prepare_adjacency(adj, num_nodes: Optional[int] = None, *,
     graph = _build(adj, num_src, num_dst, loops, exact=True, need_csc=True)
     if graph.csc is None:
         graph = _with_csc(graph, adj, num_src)
+    elif graph.perm_inv is None and graph.col.is_cuda:
+        graph = graph._replace(perm_inv=invert_perm(graph.csc[2]))
     alias = copy.copy(adj)
     alias._pma_graph = _Attached(graph, loops)
     return alias

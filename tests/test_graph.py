@@ -212,6 +212,44 @@ def test_no_host_sync_without_index_check_cuda():
         graphs.set_index_check(True)
 
 
+class _CountSorts(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.sorts = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.sorts += func.overloadpacket in (torch.ops.aten.sort, torch.ops.aten.argsort)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("index_check", [True, False])
+@pytest.mark.parametrize("order", ["shuffled", "by_dst"])
+def test_a_mini_batch_step_sorts_once(order, index_check, device):
+    """A training step of two layers on a new edge list, in no order or
+    grouped by destination (a sampler's order), with self-loops: one sort
+    for the whole step (the CSR's and the CSC's orders from one call), the
+    graph shared by both layers; its output is the graph's."""
+    torch.manual_seed(3)
+    convs = [pma.nn.GATConv(8, 4, heads=2).to(device), pma.nn.GATConv(8, 4, heads=2).to(device)]
+    x = torch.randn(50, 8, device=device)
+    src, dst = random_edges(50, 50, 400, seed=9)
+    if order == "by_dst":
+        dst = dst.sort().values
+    edge_index = torch.stack([src, dst]).to(device)
+    reference = convs[1](convs[0](x, edge_index.clone()), edge_index.clone())
+    graphs.clear_cache()
+    graphs.set_index_check(index_check)
+    try:
+        with _CountSorts() as counter:
+            out = convs[1](convs[0](x, edge_index), edge_index)
+            out.square().sum().backward()
+    finally:
+        graphs.set_index_check(True)
+    assert counter.sorts == 1
+    torch.testing.assert_close(out, reference)
+
+
 def test_cache_is_shared_and_dropped():
     src, dst = random_edges(30, 30, 60, seed=7)
     edge_index = torch.stack([src, dst])
