@@ -109,9 +109,12 @@ constexpr int kBackwardTransposedMinBlocksHalf = 5;
 
 // Policies other than GAT (kScalar false) keep more per entry (GATv2: x_r[i]
 // and e_feat[e] besides grad_out[i]) and per lane (att, the grad_att share):
-// 128 registers at one vector per lane, 255 at two, one block at four.
+// 128 registers at one vector per lane, 255 at two, one block at four. The
+// transformer's transposed pass in 2-byte types widens eight channels per
+// vector: 168 registers (3 blocks), where 128 spilled 430-610 bytes.
 template <typename scalar_t, int VPL, int kS, bool kScalar = true>
 constexpr int backward_min_blocks() {
+  if (!kScalar && kS != 0) return sizeof(scalar_t) == 2 ? 3 : 4;
   if (!kScalar) return VPL >= 4 ? 1 : (VPL == 2 ? 2 : 4);
   if (kS != 0) return sizeof(scalar_t) == 2 ? kBackwardTransposedMinBlocksHalf : 4;
   return VPL >= 4 ? 1 : (VPL == 1 && sizeof(scalar_t) == 4 ? 5 : 4);

@@ -69,6 +69,7 @@ struct GatScore {
   using Params = AttentionParams<scalar_t, index_t>;
   using Lanes = RowLanes<V, VPL>;
   static constexpr bool kScalar = true;
+  static constexpr bool kTransposedDot = false;  // (its own transposed pass)
   static constexpr int kStepDivisor = 1;
 
   acc_t sd[VPL];  // s_dst of the row's heads
@@ -158,6 +159,7 @@ struct Gatv2Score {
   using Params = AttentionParams<scalar_t, index_t>;
   using Lanes = RowLanes<V, VPL>;
   static constexpr bool kScalar = false;
+  static constexpr bool kTransposedDot = false;
   static constexpr int kStepDivisor = 1;
 
   acc_t at[VPL][V];  // this lane's channels of att (0 for padding lanes)
@@ -405,6 +407,33 @@ struct TransformerScore {
     }
     if (q == 0) p.grad_z[zi * p.H + m.head[k]] = gl;
     if (p.grad_e_feat != nullptr) store_vec<scalar_t, V>(p.grad_e_feat + e * p.HD + m.feat[k], ge);
+  }
+
+  // The transposed CSC pass (backward_row_transposed_dot) splits backward()
+  // in three: every lane's part of the entry's logit (the lane_dot that
+  // lanes_sum would add up), one lane's scalar work (in the pass), and the
+  // entry's vector work with the w and gs = gl * scale of that lane. The
+  // sums are backward()'s, so both passes give the same bits.
+  static constexpr bool kTransposedDot = true;
+  __device__ __forceinline__ acc_t logit_part(int k, const BEntry& be) const {
+    acc_t qw[V];
+    widen(be.qv, qw);
+    return lane_dot(qw, kj[k], be.ef);
+  }
+  __device__ __forceinline__ void apply(const Params& p, const Lanes& m, int k, bool store_e,
+                                        acc_t w, acc_t gs, const Vec<scalar_t, V>& gv,
+                                        const BEntry& be, acc_t (&acc)[V], int64_t e) {
+    acc_t qw[V], gw[V], ge[V];
+    widen(be.qv, qw);
+    widen(gv, gw);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const acc_t gvv = w * gw[v], gkv = gs * qw[v];
+      acc[v] += gvv;
+      gk[k][v] += gkv;
+      ge[v] = gvv + gkv;
+    }
+    if (store_e) store_vec<scalar_t, V>(p.grad_e_feat + e * p.HD + m.feat[k], ge);
   }
 
   __device__ __forceinline__ void store_source(const Params& p, int64_t j, const Lanes& m, int k,

@@ -2,7 +2,8 @@
 // launchers.cuh): gat_aux_kernel (the row terms), the CSC source pass
 // attention_backward_rows_kernel<TransformerScore> (grad_value, grad_key,
 // grad_e_feat, and per edge the logit gradient), the destination pass
-// transformer_dst_rows_kernel (grad_query), and the slices' sums.
+// transformer_dst_rows_kernel (grad_query), and the slices' sums. Heads of 4
+// or 8 lanes take the transposed CSC pass (backward_row_transposed_dot).
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -127,9 +128,20 @@ void launch_transformer_backward_rows(AttentionParams<scalar_t, index_t> p, cons
   const at::Tensor dst_part = at::empty({dst_slots * p.HD}, acc_options);
   auto stream = c10::cuda::getCurrentCUDAStream();
   VPL_SWITCH(rc.vpl, kVPL, [&] {
-    launch_backward_rows_kernel(
-        attention_backward_rows_kernel<TransformerScore, scalar_t, index_t, kVec, kVPL, 0>, p,
-        b.sl);
+    auto run = [&](auto kernel) { launch_backward_rows_kernel(kernel, p, b.sl); };
+    // Heads of 4 or 8 lanes, one vector per lane: the transposed pass (kS = 8
+    // only for 4-byte types, as GAT's: 2- and 8-byte vectors spill there).
+    const bool transposed = kVPL == 1 && gat_transposed();
+    constexpr bool kWide = sizeof(scalar_t) == 4;
+    if (transposed && kWide && p.S == 8) {
+      run(attention_backward_rows_kernel<TransformerScore, scalar_t, index_t, kVec, kVPL,
+                                         kVPL == 1 && kWide ? 8 : 0>);
+    } else if (transposed && p.S == 4) {
+      run(attention_backward_rows_kernel<TransformerScore, scalar_t, index_t, kVec, kVPL,
+                                         kVPL == 1 ? 4 : 0>);
+    } else {
+      run(attention_backward_rows_kernel<TransformerScore, scalar_t, index_t, kVec, kVPL, 0>);
+    }
     // grad_value[j] and grad_key[j] of every sliced column j: its slices' sums
     launch_sum_slices(p.ptr, p.num_edges, b.sl, p.part_x, p.out, p.HD,
                       static_cast<const acc_t*>(p.part_key), p.grad_key, p.HD);
