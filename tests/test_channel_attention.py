@@ -473,30 +473,31 @@ def test_transformer_scale(scale, device):
     check_backward(inp, torch.float64, scale=scale)
 
 
-# (heads, channels, dtype): the transformer's CUDA head layouts that take the
-# transposed CSC pass (heads of 8 lanes in 4-byte types, 4 lanes in any:
-# float32 D = 32 and 16, a padded float32 head of 6 vectors in 8 lanes, bf16
-# and fp16 D = 32, float64 D = 8) and two that do not (2 lanes; float64
-# D = 16, 8 lanes).
+# (heads, channels, dtype): the CUDA head layouts (GATv2's and the
+# transformer's) that take the transposed CSC pass (heads of 8 lanes in
+# 4-byte types, 4 lanes in any: float32 D = 32 and 16, a padded float32 head
+# of 6 vectors in 8 lanes, bf16 and fp16 D = 32, float64 D = 8) and two that
+# do not (2 lanes; float64 D = 16, 8 lanes).
 TRANSPOSED_LAYOUTS = [(4, 32, torch.float32), (2, 16, torch.float32), (3, 24, torch.float32),
                       (4, 32, torch.bfloat16), (2, 32, torch.float16), (2, 8, torch.float64),
                       (4, 8, torch.float32), (4, 16, torch.float64)]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("op", OPS, ids=repr)
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("heads,channels,dtype", TRANSPOSED_LAYOUTS,
                          ids=[f"H{h}-D{c}-{dtype_id(d)}" for h, c, d in TRANSPOSED_LAYOUTS])
-def test_transformer_backward_both_layouts(heads, channels, dtype, index_dtype):
-    """The transformer's CSC pass with an entry's scalar work in one lane of
-    its head (the default for heads of 4 or 8 lanes) or in every lane
+def test_backward_both_layouts(heads, channels, dtype, index_dtype, op):
+    """The CSC pass with an entry's scalar work in one lane of its head (the
+    default for heads of 4 or 8 lanes) or in every lane
     (force_kernel_path(transposed=0)): with edge features, dropout, bias and
     lse gradients, on a graph with a hub and long CSC columns (sliced), with
     the caller's CSC and perm_inv and without, both match the float64
     reference and agree bit for bit."""
     from pyg_multihead_agg._testing import force_kernel_path
     case = (40, 12, 900, heads, channels, True)
-    inp = make_inputs(TRANSFORMER, case, dtype, index_dtype, "cuda", seed=heads * 100 + channels,
+    inp = make_inputs(op, case, dtype, index_dtype, "cuda", seed=heads * 100 + channels,
                       with_edge=True, with_bias=True)
     colptr, row, perm = csr_to_csc(inp.rowptr, inp.col, case[1])
     for csc, perm_inv in (((colptr, row, perm), invert_perm(perm)), (None, None)):

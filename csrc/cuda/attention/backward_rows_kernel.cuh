@@ -269,21 +269,22 @@ __device__ __forceinline__ void transpose_sums(acc_t (&d)[U], int q, unsigned ma
   transpose_round<1, U>(d, q, mask);
 }
 
-// The transposed pass for policies whose logit is a dot product over the
-// head's channels (Score::kTransposedDot: the transformer), one vector per
+// The transposed pass for policies whose logit is a sum over the head's
+// channels (Score::kTransposedDot: GATv2, the transformer), one vector per
 // lane and heads of kS = 4 or 8 lanes (padded heads too: a lane past the
 // head's D / V vectors holds zeros and still takes its entry's scalar work).
 // backward_row runs two kS-lane butterflies per entry (the logit and
-// <grad_out[i], v[j]>) and the softmax arithmetic in every lane; here a step
+// <grad_out[i], x[j]>) and the softmax arithmetic in every lane; here a step
 // of U = 4 entries reduces both dots with transposing butterflies
 // (transpose_sums: 7 shuffles per dot and step where backward_row takes 12 at
 // kS = 8), lane q of a head does entry q % 4's scalar work (its aux,
 // dropout mask, alpha, logit gradient; lanes q < 4 store grad_z) and hands w
-// and gs back with two shuffles per entry. Four entries (not kS) per step:
-// each brings three row vectors (grad_out[i], q[i], e_feat[e]), and eight
-// would hold 96 registers of loads in flight. The pairs added are
-// lanes_sum's, so every logit, alpha, gradient and grad_z is bitwise
-// backward_row's.
+// and gl back with two shuffles per entry; the policy's apply() does the
+// entry's vector work in every lane (GATv2: its sign word too). Four entries
+// (not kS) per step: each brings three row vectors (grad_out[i], the
+// policy's row of i, e_feat[e]), and eight would hold 96 registers of loads
+// in flight. The pairs added are lanes_sum's, so every logit, alpha,
+// gradient and grad_z is bitwise backward_row's.
 template <int kS, class Score, typename scalar_t, typename index_t, int V>
 __device__ __forceinline__ void backward_row_transposed_dot(
     at::opmath_type<scalar_t> (&acc)[1][V], Score& score,
@@ -305,7 +306,7 @@ __device__ __forceinline__ void backward_row_transposed_dot(
   score.load_source(p, j, m);
   const int HD = p.HD, H = p.H;
   const bool edge_vectors = p.e_feat != nullptr;  // group-uniform
-  const bool store_e = p.grad_e_feat != nullptr;
+  const bool edge_ids = edge_vectors || p.grad_e_feat != nullptr || p.perm_inv == nullptr;
   const IndexBound<index_t> gathered_ok(p.num_gathered), edge_ok(p.num_edges);
   using off_t = EntryOffset<index_t>;
   using Step = StepIndices<U, U, true, index_t>;  // lane q's own entry: qe
@@ -320,11 +321,12 @@ __device__ __forceinline__ void backward_row_transposed_dot(
     const off_t left = n - k0;  // > 0; the step's entries u < left are the row's
     if constexpr (!kPrefetch) load_idx(k0, cur);
     // Every entry's edge id in every lane (lane u of the head loaded entry
-    // u's), for the edge vectors' loads and stores.
+    // u's), for the edge vectors' loads and stores and (without perm_inv)
+    // the per-edge words the policy stores.
     index_t eu[U];
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      eu[u] = edge_vectors || store_e ? __shfl_sync(mask, cur.eq[0], head_base + u) : index_t(0);
+      eu[u] = edge_ids ? __shfl_sync(mask, cur.eq[0], head_base + u) : index_t(0);
     Vec<scalar_t, V> gv[U];
     typename Score::BEntry be[U];
 #pragma unroll
@@ -342,48 +344,62 @@ __device__ __forceinline__ void backward_row_transposed_dot(
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       d[u] = vec_dot<scalar_t, V>(gv[u], xr);
-      l[u] = score.logit_part(0, be[u]);
-      // + <grad_out[i], e_feat[e]>, summed apart as backward_row does
-      de[u] = edge_vectors ? vec_dot<scalar_t, V>(gv[u], be[u].ef) : acc_t(0);
+      l[u] = score.logit_part(p, 0, be[u], xr);
+      // + <grad_out[i], e_feat[e]> (the transformer), summed apart as its
+      // backward() does
+      de[u] = Score::kEdgeDot && edge_vectors ? vec_dot<scalar_t, V>(gv[u], be[u].ef) : acc_t(0);
     }
     transpose_sums<kS>(d, q, mask);
     transpose_sums<kS>(l, q, mask);
     acc_t dot = d[0];
-    if (edge_vectors) {  // group-uniform
+    if (Score::kEdgeDot && edge_vectors) {  // group-uniform
       transpose_sums<kS>(de, q, mask);
       dot += de[0];
     }
     acc_t mk = 1;
     if (p.rng.threshold != 0)  // group-uniform
       mk = ok && p.rng.keep(static_cast<int64_t>(cur.eq[0]), h) ? p.scale : acc_t(0);
-    const acc_t alpha = exp_(l[0] * p.score_scale - ax.lse);
-    const acc_t gl = alpha * (mk * dot - ax.dl);
+    const acc_t alpha = exp_(score.scaled_logit(p, l[0]) - ax.lse);
+    const acc_t gl_own = alpha * (mk * dot - ax.dl);
     const acc_t w = ok ? alpha * mk : acc_t(0);
-    const acc_t gs = ok ? gl * p.score_scale : acc_t(0);
+    const acc_t gl = ok ? gl_own : acc_t(0);
     if (ok && q < U) {
       const int64_t zi = p.perm_inv != nullptr ? lo + k0 + qe : static_cast<int64_t>(cur.eq[0]);
-      p.grad_z[zi * H + h] = gl;
+      p.grad_z[zi * H + h] = gl_own;
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const acc_t wu = __shfl_sync(mask, w, head_base + u);
-      const acc_t gsu = __shfl_sync(mask, gs, head_base + u);
-      // (entry u's own test, as lane u made it for w and gs)
-      const bool store = store_e && valid && u < left && gathered_ok(cur.i[u]) && edge_ok(eu[u]);
-      score.apply(p, m, 0, store, wu, gsu, gv[u], be[u], acc[0], static_cast<int64_t>(eu[u]));
+      const acc_t glu = __shfl_sync(mask, gl, head_base + u);
+      // Entry u's own test, as lane u made it for w and gl: from the edge
+      // ids where this lane has them, else (perm_inv given) from lane u
+      // where the policy stores per-edge words (GATv2's signs); the
+      // transformer stores nothing per edge then.
+      bool entry_ok = u < left && gathered_ok(cur.i[u]);
+      if (edge_ids) {
+        entry_ok = entry_ok && edge_ok(eu[u]);
+      } else if constexpr (Score::kEdgeWords) {
+        entry_ok = __shfl_sync(mask, ok ? 1 : 0, head_base + u) != 0;
+      }
+      const bool store = valid && entry_ok;
+      const int64_t zi = p.perm_inv != nullptr ? lo + k0 + u : static_cast<int64_t>(eu[u]);
+      score.apply(p, m, 0, q, mask, store, wu, glu, gv[u], xr, be[u], acc[0],
+                  static_cast<int64_t>(eu[u]), zi);
     }
     if constexpr (kPrefetch) cur = next;
   }
 }
 
 namespace {  // internal linkage: each instance is launched by one .cu
-// ScoreT: the policy (scores.cuh). kS = 4 or 8 (GAT): backward_row_transposed
-// for heads of kS lanes (VPL = 1); kS = 0: backward_row.
+// ScoreT: the policy (scores.cuh). kS = 4 or 8: for heads of kS lanes (VPL =
+// 1), backward_row_transposed (GAT) or backward_row_transposed_dot (GATv2,
+// the transformer); kS = 0: backward_row.
 template <template <typename, typename, int, int> class ScoreT, typename scalar_t,
           typename index_t, int V, int VPL, int kS>
 __global__ void __launch_bounds__(kBackwardThreads,
-                                  backward_min_blocks<scalar_t, VPL, kS,
-                                                      ScoreT<scalar_t, index_t, V, VPL>::kScalar>())
+                                  backward_min_blocks<
+                                      scalar_t, VPL, kS, ScoreT<scalar_t, index_t, V, VPL>::kScalar,
+                                      ScoreT<scalar_t, index_t, V, VPL>::kTransposedMinBlocks>())
     attention_backward_rows_kernel(const AttentionParams<scalar_t, index_t> p,
                                    const SliceList sl) {
   using acc_t = at::opmath_type<scalar_t>;
