@@ -128,20 +128,7 @@ void launch_transformer_backward_rows(AttentionParams<scalar_t, index_t> p, cons
   const at::Tensor dst_part = at::empty({dst_slots * p.HD}, acc_options);
   auto stream = c10::cuda::getCurrentCUDAStream();
   VPL_SWITCH(rc.vpl, kVPL, [&] {
-    auto run = [&](auto kernel) { launch_backward_rows_kernel(kernel, p, b.sl); };
-    // Heads of 4 or 8 lanes, one vector per lane: the transposed pass (kS = 8
-    // only for 4-byte types, as GAT's: 2- and 8-byte vectors spill there).
-    const bool transposed = kVPL == 1 && gat_transposed();
-    constexpr bool kWide = sizeof(scalar_t) == 4;
-    if (transposed && kWide && p.S == 8) {
-      run(attention_backward_rows_kernel<TransformerScore, scalar_t, index_t, kVec, kVPL,
-                                         kVPL == 1 && kWide ? 8 : 0>);
-    } else if (transposed && p.S == 4) {
-      run(attention_backward_rows_kernel<TransformerScore, scalar_t, index_t, kVec, kVPL,
-                                         kVPL == 1 ? 4 : 0>);
-    } else {
-      run(attention_backward_rows_kernel<TransformerScore, scalar_t, index_t, kVec, kVPL, 0>);
-    }
+    launch_backward_rows_pass<TransformerScore, scalar_t, index_t, kVec, kVPL>(p, b.sl);
     // grad_value[j] and grad_key[j] of every sliced column j: its slices' sums
     launch_sum_slices(p.ptr, p.num_edges, b.sl, p.part_x, p.out, p.HD,
                       static_cast<const acc_t*>(p.part_key), p.grad_key, p.HD);
