@@ -390,6 +390,34 @@ __device__ __forceinline__ void backward_row_transposed_dot(
   }
 }
 
+// The destination passes of GATv2 and the transformer (their _dst_rows
+// kernels): pass(acc, lo, hi) sums CSR entries [lo, hi) into acc in the lane
+// layout m; a long row's slices store their sums in part (for
+// launch_sum_slices), the other rows theirs in out.
+template <typename scalar_t, typename index_t, int V, int VPL, class Pass>
+__device__ __forceinline__ void for_each_dst_row(const index_t* rowptr, int64_t num_edges,
+                                                 const SliceList& sl, int G,
+                                                 const RowLanes<V, VPL>& m, int64_t HD,
+                                                 at::opmath_type<scalar_t>* __restrict__ part,
+                                                 scalar_t* __restrict__ out, Pass&& pass) {
+  using acc_t = at::opmath_type<scalar_t>;
+  auto slice = [&](int64_t slot, int64_t, int64_t lo, int64_t hi) {
+    acc_t acc[VPL][V];
+    pass(acc, lo, hi);
+#pragma unroll
+    for (int k = 0; k < VPL; ++k)
+      if (m.valid[k]) store_vec<acc_t, V>(part + slot * HD + m.feat[k], acc[k]);
+  };
+  auto row = [&](int64_t r, int64_t lo, int64_t hi) {
+    acc_t acc[VPL][V];
+    pass(acc, lo, hi);
+#pragma unroll
+    for (int k = 0; k < VPL; ++k)
+      if (m.valid[k]) store_vec<scalar_t, V>(out + r * HD + m.feat[k], acc[k]);
+  };
+  for_each_slice_or_row(rowptr, num_edges, sl, G, slice, row);
+}
+
 namespace {  // internal linkage: each instance is launched by one .cu
 // ScoreT: the policy (scores.cuh). kS = 4 or 8: for heads of kS lanes (VPL =
 // 1), backward_row_transposed (GAT) or backward_row_transposed_dot (GATv2,

@@ -64,6 +64,26 @@ BackwardScratch prepare_backward_rows(AttentionParams<scalar_t, index_t>& p, con
   return b;
 }
 
+// The destination pass's slices (the CSR's long rows) and their partial
+// rows; keeps their storage alive until the launches that read them are
+// queued.
+struct DstScratch {
+  SliceList sl;
+  at::Tensor storage, part;
+};
+
+template <typename scalar_t, typename index_t>
+DstScratch prepare_dst_rows(const AttentionParams<scalar_t, index_t>& p, const index_t* rowptr,
+                            const at::TensorOptions& options) {
+  using acc_t = at::opmath_type<scalar_t>;
+  DstScratch d;
+  int64_t slots = 0;
+  d.sl = make_slice_list(rowptr, p.num_gathered, p.num_edges, gat_row_sum_slice_len(p.num_edges),
+                         false, d.storage, options, slots);
+  d.part = at::empty({slots * p.HD}, options.dtype(c10::CppTypeToScalarType<acc_t>::value));
+  return d;
+}
+
 // One launch of a persistent attention_backward_rows_kernel instance.
 template <typename Kernel, typename scalar_t, typename index_t>
 void launch_backward_rows_kernel(Kernel kernel, const AttentionParams<scalar_t, index_t>& p,
