@@ -103,9 +103,13 @@ GATV2=(
   "$V::test_backward_matches_reference[25x25-E60-H2-D33-f16-i32-dropout-no_csc-gatv2-cuda]"
   "$V::test_heads_and_channels[3-48-float32-gatv2-cuda]"
   "$V::test_heads_and_channels[1-7-bfloat16-gatv2-cuda]"
+  "$V::test_backward_both_layouts[H4-D32-float32-int32-gatv2]"
+  "$V::test_backward_both_layouts[H3-D24-float32-int64-gatv2]"
+  "$V::test_backward_both_layouts[H4-D32-bfloat16-int32-gatv2]"
 )
-# The TransformerConv kernels (TransformerScore on the skeleton, the
-# destination pass that gathers the keys): the same shapes as GATv2's.
+# The TransformerConv kernels (TransformerScore on the skeleton, its
+# transposed CSC pass, the destination pass that gathers the keys): the same
+# shapes as GATv2's, and the transposed pass's layouts.
 TRANSFORMER=(
   "$V::test_forward_matches_reference[8x50-E400-H8-D64-hub-float32-int32-e_feat-p0.5-transformer-cuda]"
   "$V::test_forward_matches_reference[60x6-E800-H3-D16-bfloat16-int64-e_feat-p0.5-transformer-cuda]"
@@ -114,6 +118,9 @@ TRANSFORMER=(
   "$V::test_backward_matches_reference[25x25-E60-H2-D33-f16-i32-dropout-no_csc-transformer-cuda]"
   "$V::test_heads_and_channels[3-48-float32-transformer-cuda]"
   "$V::test_heads_and_channels[1-7-bfloat16-transformer-cuda]"
+  "$V::test_backward_both_layouts[H4-D32-float32-int32-transformer]"
+  "$V::test_backward_both_layouts[H3-D24-float32-int64-transformer]"
+  "$V::test_backward_both_layouts[H4-D32-bfloat16-int32-transformer]"
 )
 # The transposed dot-product kernels (heads of 8 and 4 lanes: float32 D = 32,
 # bf16 D = 32, float32 D = 16) against the per-lane ones, hub included.

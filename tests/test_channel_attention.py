@@ -471,3 +471,49 @@ def test_transformer_scale(scale, device):
     inp = make_inputs(TRANSFORMER, CASES[0], torch.float64, device=device)
     check_forward(inp, torch.float64, scale=scale)
     check_backward(inp, torch.float64, scale=scale)
+
+
+# (heads, channels, dtype): the CUDA head layouts (GATv2's and the
+# transformer's) that take the transposed CSC pass (heads of 8 lanes in
+# 4-byte types, 4 lanes in any: float32 D = 32 and 16, a padded float32 head
+# of 6 vectors in 8 lanes, bf16 and fp16 D = 32, float64 D = 8) and two that
+# do not (2 lanes; float64 D = 16, 8 lanes).
+TRANSPOSED_LAYOUTS = [(4, 32, torch.float32), (2, 16, torch.float32), (3, 24, torch.float32),
+                      (4, 32, torch.bfloat16), (2, 32, torch.float16), (2, 8, torch.float64),
+                      (4, 8, torch.float32), (4, 16, torch.float64)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("op", OPS, ids=repr)
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("heads,channels,dtype", TRANSPOSED_LAYOUTS,
+                         ids=[f"H{h}-D{c}-{dtype_id(d)}" for h, c, d in TRANSPOSED_LAYOUTS])
+def test_backward_both_layouts(heads, channels, dtype, index_dtype, op):
+    """The CSC pass with an entry's scalar work in one lane of its head (the
+    default for heads of 4 or 8 lanes) or in every lane
+    (force_kernel_path(transposed=0)): with edge features, dropout, bias and
+    lse gradients, on a graph with a hub and long CSC columns (sliced), with
+    the caller's CSC and perm_inv and without, both match the float64
+    reference and agree bit for bit."""
+    from pyg_multihead_agg._testing import force_kernel_path
+    case = (40, 12, 900, heads, channels, True)
+    inp = make_inputs(op, case, dtype, index_dtype, "cuda", seed=heads * 100 + channels,
+                      with_edge=True, with_bias=True)
+    colptr, row, perm = csr_to_csc(inp.rowptr, inp.col, case[1])
+    for csc, perm_inv in (((colptr, row, perm), invert_perm(perm)), (None, None)):
+        kw = dict(dropout=0.3, philox=PHILOX.clone(), csc=csc, perm_inv=perm_inv)
+        got = []
+        for layout in (0, 1):
+            with force_kernel_path(transposed=layout):
+                check_backward(inp, dtype, **kw)  # against the reference
+                floats = {n: t.detach().requires_grad_() for n, t in inp.floats().items()}
+                out, lse = run_op(inp.replace(**floats), **kw)
+                gen = torch.Generator().manual_seed(2)
+                g_out = torch.randn(out.shape, generator=gen).to(out.device, out.dtype)
+                g_lse = torch.randn(lse.shape, generator=gen).to(lse.device, lse.dtype)
+                g_lse = torch.where(torch.isfinite(lse), g_lse, torch.zeros_like(g_lse))
+                poison(out.shape, dtype, "cuda")
+                got.append(torch.autograd.grad((out, lse), list(floats.values()),
+                                               (g_out, g_lse)))
+        for name, a, b in zip(inp.floats(), *got, strict=True):
+            assert torch.equal(a, b), f"grad {name} differs between the layouts"

@@ -36,19 +36,7 @@ void launch_gat_backward_rows(AttentionParams<scalar_t, index_t> p, const scalar
   const at::Tensor part_src = at::empty({b.max_slots * p.H}, acc_options);
   p.part_src = part_src.data_ptr<acc_t>();
   VPL_SWITCH(rc.vpl, kVPL, [&] {
-    auto run = [&](auto kernel) { launch_backward_rows_kernel(kernel, p, b.sl); };
-    const bool transposed = kVPL == 1 && gat_transposed();
-    // (kS = 8 only for float32: 2- and 8-byte types spill there.)
-    constexpr bool kWide = sizeof(scalar_t) == 4;
-    if (transposed && kWide && p.S == 8) {
-      run(attention_backward_rows_kernel<GatScore, scalar_t, index_t, kVec, kVPL,
-                                         kVPL == 1 && kWide ? 8 : 0>);
-    } else if (transposed && p.S == 4) {
-      run(attention_backward_rows_kernel<GatScore, scalar_t, index_t, kVec, kVPL,
-                                         kVPL == 1 ? 4 : 0>);
-    } else {
-      run(attention_backward_rows_kernel<GatScore, scalar_t, index_t, kVec, kVPL, 0>);
-    }
+    launch_backward_rows_pass<GatScore, scalar_t, index_t, kVec, kVPL>(p, b.sl);
   });
   // grad_x[j] and grad_s_src[j] of every sliced column j: its slices' sum
   launch_sum_slices(p.ptr, p.num_edges, b.sl, p.part_x, p.out, p.HD, p.part_src, p.grad_s_src,

@@ -250,14 +250,184 @@ __device__ __forceinline__ void backward_row_transposed(
   gsrc[0] = lanes_sum(g, kS, mask);
 }
 
+// The per-lane partial sums d[0..U) of U entries over a head's kS lanes,
+// reduced so that lane q holds the whole sum of entry q % U in slot 0, with
+// the pairs of lanes_sum (so bit for bit its sums): for U = kS, one
+// transposing round per level (transpose_round); for U = kS / 2, the top
+// level as a plain butterfly (lanes q and q + U then hold the same sums),
+// the others transposing.
+template <int kS, int U, typename acc_t>
+__device__ __forceinline__ void transpose_sums(acc_t (&d)[U], int q, unsigned mask) {
+  static_assert(U == kS || 2 * U == kS, "U = kS or kS / 2");
+  if constexpr (U < kS) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) d[u] += __shfl_xor_sync(mask, d[u], U);
+  } else if constexpr (kS == 8) {
+    transpose_round<4, 8>(d, q, mask);
+  }
+  if constexpr (U >= 4) transpose_round<2, U>(d, q, mask);
+  transpose_round<1, U>(d, q, mask);
+}
+
+// The transposed pass for policies whose logit is a sum over the head's
+// channels (Score::kTransposedDot: GATv2, the transformer), one vector per
+// lane and heads of kS = 4 or 8 lanes (padded heads too: a lane past the
+// head's D / V vectors holds zeros and still takes its entry's scalar work).
+// backward_row runs two kS-lane butterflies per entry (the logit and
+// <grad_out[i], x[j]>) and the softmax arithmetic in every lane; here a step
+// of U = 4 entries reduces both dots with transposing butterflies
+// (transpose_sums: 7 shuffles per dot and step where backward_row takes 12 at
+// kS = 8), lane q of a head does entry q % 4's scalar work (its aux,
+// dropout mask, alpha, logit gradient; lanes q < 4 store grad_z) and hands w
+// and gl back with two shuffles per entry; the policy's apply() does the
+// entry's vector work in every lane (GATv2: its sign word too). Four entries
+// (not kS) per step: each brings three row vectors (grad_out[i], the
+// policy's row of i, e_feat[e]), and eight would hold 96 registers of loads
+// in flight. The pairs added are lanes_sum's, so every logit, alpha,
+// gradient and grad_z is bitwise backward_row's.
+template <int kS, class Score, typename scalar_t, typename index_t, int V>
+__device__ __forceinline__ void backward_row_transposed_dot(
+    at::opmath_type<scalar_t> (&acc)[1][V], Score& score,
+    const AttentionParams<scalar_t, index_t>& p, int64_t j, int64_t lo, int64_t hi,
+    const RowLanes<V, 1>& m, int lane, unsigned mask) {
+  using acc_t = at::opmath_type<scalar_t>;
+  static_assert(kS == 4 || kS == 8, "4 or 8 lanes per head");
+  constexpr int U = 4;  // entries per step
+  const auto* aux = static_cast<const RowAux<acc_t>*>(p.aux);
+  const int q = lane & (kS - 1), qe = q & (U - 1);  // qe: this lane's entry of a step
+  const int head_base = (threadIdx.x & 31) & ~(kS - 1);  // warp lane of the head's lane 0
+  const bool valid = m.valid[0];
+  const int h = m.head[0];
+  const bool head_ok = h < p.H;  // a padded head's lanes past D / V are not valid, but work
+  const Vec<scalar_t, V> xr = valid ? load_vec<scalar_t, V>(p.x + j * p.HD + m.feat[0])
+                                    : zero_vec<scalar_t, V>();
+#pragma unroll
+  for (int v = 0; v < V; ++v) acc[0][v] = 0;
+  score.load_source(p, j, m);
+  const int HD = p.HD, H = p.H;
+  const bool edge_vectors = p.e_feat != nullptr;  // group-uniform
+  const bool edge_ids = edge_vectors || p.grad_e_feat != nullptr || p.perm_inv == nullptr;
+  const IndexBound<index_t> gathered_ok(p.num_gathered), edge_ok(p.num_edges);
+  using off_t = EntryOffset<index_t>;
+  using Step = StepIndices<U, U, true, index_t>;  // lane q's own entry: qe
+  const off_t n = static_cast<off_t>(hi - lo);
+  auto load_idx = [&](off_t k0, Step& s_) {  // the CSC's perm is always given here
+    s_.template load<true>(p.idx, p.perm, lo, k0, n, qe);
+  };
+  constexpr bool kPrefetch = sizeof(index_t) == 4;
+  Step cur;
+  if constexpr (kPrefetch) load_idx(0, cur);
+  for (off_t k0 = 0; k0 < n; k0 += U) {
+    const off_t left = n - k0;  // > 0; the step's entries u < left are the row's
+    if constexpr (!kPrefetch) load_idx(k0, cur);
+    // Every entry's edge id in every lane (lane u of the head loaded entry
+    // u's), for the edge vectors' loads and stores and (without perm_inv)
+    // the per-edge words the policy stores.
+    index_t eu[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      eu[u] = edge_ids ? __shfl_sync(mask, cur.eq[0], head_base + u) : index_t(0);
+    Vec<scalar_t, V> gv[U];
+    typename Score::BEntry be[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const bool use = valid && u < left && gathered_ok(cur.i[u]);
+      gv[u] = load_vec_if<scalar_t, V>(use, row_at(p.grad_out, cur.i[u], HD) + m.feat[0]);
+      be[u] = score.load_bentry(p, m, 0, use && (!edge_vectors || edge_ok(eu[u])), cur.i[u],
+                                eu[u]);
+    }
+    const bool ok = head_ok && qe < left && gathered_ok(cur.iq[0]) && edge_ok(cur.eq[0]);
+    const RowAux<acc_t> ax = load_aux(ok, row_at(aux, cur.iq[0], H) + h);
+    Step next;
+    if constexpr (kPrefetch) load_idx(k0 + U, next);
+    acc_t d[U], l[U], de[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      d[u] = vec_dot<scalar_t, V>(gv[u], xr);
+      l[u] = score.logit_part(p, 0, be[u], xr);
+      // + <grad_out[i], e_feat[e]> (the transformer), summed apart as its
+      // backward() does
+      de[u] = Score::kEdgeDot && edge_vectors ? vec_dot<scalar_t, V>(gv[u], be[u].ef) : acc_t(0);
+    }
+    transpose_sums<kS>(d, q, mask);
+    transpose_sums<kS>(l, q, mask);
+    acc_t dot = d[0];
+    if (Score::kEdgeDot && edge_vectors) {  // group-uniform
+      transpose_sums<kS>(de, q, mask);
+      dot += de[0];
+    }
+    acc_t mk = 1;
+    if (p.rng.threshold != 0)  // group-uniform
+      mk = ok && p.rng.keep(static_cast<int64_t>(cur.eq[0]), h) ? p.scale : acc_t(0);
+    const acc_t alpha = exp_(score.scaled_logit(p, l[0]) - ax.lse);
+    const acc_t gl_own = alpha * (mk * dot - ax.dl);
+    const acc_t w = ok ? alpha * mk : acc_t(0);
+    const acc_t gl = ok ? gl_own : acc_t(0);
+    if (ok && q < U) {
+      const int64_t zi = p.perm_inv != nullptr ? lo + k0 + qe : static_cast<int64_t>(cur.eq[0]);
+      p.grad_z[zi * H + h] = gl_own;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const acc_t wu = __shfl_sync(mask, w, head_base + u);
+      const acc_t glu = __shfl_sync(mask, gl, head_base + u);
+      // Entry u's own test, as lane u made it for w and gl: from the edge
+      // ids where this lane has them, else (perm_inv given) from lane u
+      // where the policy stores per-edge words (GATv2's signs); the
+      // transformer stores nothing per edge then.
+      bool entry_ok = u < left && gathered_ok(cur.i[u]);
+      if (edge_ids) {
+        entry_ok = entry_ok && edge_ok(eu[u]);
+      } else if constexpr (Score::kEdgeWords) {
+        entry_ok = __shfl_sync(mask, ok ? 1 : 0, head_base + u) != 0;
+      }
+      const bool store = valid && entry_ok;
+      const int64_t zi = p.perm_inv != nullptr ? lo + k0 + u : static_cast<int64_t>(eu[u]);
+      score.apply(p, m, 0, q, mask, store, wu, glu, gv[u], xr, be[u], acc[0],
+                  static_cast<int64_t>(eu[u]), zi);
+    }
+    if constexpr (kPrefetch) cur = next;
+  }
+}
+
+// The destination passes of GATv2 and the transformer (their _dst_rows
+// kernels): pass(acc, lo, hi) sums CSR entries [lo, hi) into acc in the lane
+// layout m; a long row's slices store their sums in part (for
+// launch_sum_slices), the other rows theirs in out.
+template <typename scalar_t, typename index_t, int V, int VPL, class Pass>
+__device__ __forceinline__ void for_each_dst_row(const index_t* rowptr, int64_t num_edges,
+                                                 const SliceList& sl, int G,
+                                                 const RowLanes<V, VPL>& m, int64_t HD,
+                                                 at::opmath_type<scalar_t>* __restrict__ part,
+                                                 scalar_t* __restrict__ out, Pass&& pass) {
+  using acc_t = at::opmath_type<scalar_t>;
+  auto slice = [&](int64_t slot, int64_t, int64_t lo, int64_t hi) {
+    acc_t acc[VPL][V];
+    pass(acc, lo, hi);
+#pragma unroll
+    for (int k = 0; k < VPL; ++k)
+      if (m.valid[k]) store_vec<acc_t, V>(part + slot * HD + m.feat[k], acc[k]);
+  };
+  auto row = [&](int64_t r, int64_t lo, int64_t hi) {
+    acc_t acc[VPL][V];
+    pass(acc, lo, hi);
+#pragma unroll
+    for (int k = 0; k < VPL; ++k)
+      if (m.valid[k]) store_vec<scalar_t, V>(out + r * HD + m.feat[k], acc[k]);
+  };
+  for_each_slice_or_row(rowptr, num_edges, sl, G, slice, row);
+}
+
 namespace {  // internal linkage: each instance is launched by one .cu
-// ScoreT: the policy (scores.cuh). kS = 4 or 8 (GAT): backward_row_transposed
-// for heads of kS lanes (VPL = 1); kS = 0: backward_row.
+// ScoreT: the policy (scores.cuh). kS = 4 or 8: for heads of kS lanes (VPL =
+// 1), backward_row_transposed (GAT) or backward_row_transposed_dot (GATv2,
+// the transformer); kS = 0: backward_row.
 template <template <typename, typename, int, int> class ScoreT, typename scalar_t,
           typename index_t, int V, int VPL, int kS>
 __global__ void __launch_bounds__(kBackwardThreads,
-                                  backward_min_blocks<scalar_t, VPL, kS,
-                                                      ScoreT<scalar_t, index_t, V, VPL>::kScalar>())
+                                  backward_min_blocks<
+                                      scalar_t, VPL, kS, ScoreT<scalar_t, index_t, V, VPL>::kScalar,
+                                      ScoreT<scalar_t, index_t, V, VPL>::kTransposedMinBlocks>())
     attention_backward_rows_kernel(const AttentionParams<scalar_t, index_t> p,
                                    const SliceList sl) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -270,9 +440,12 @@ __global__ void __launch_bounds__(kBackwardThreads,
   score.init(p, m);
   // One pass over the entries [lo, hi) of column j.
   auto pass = [&](acc_t(&acc)[VPL][V], int64_t j, int64_t lo, int64_t hi) {
-    if constexpr (kS != 0) {
-      static_assert(VPL == 1 && Score::kScalar, "one vector per lane, scalar scores");
+    if constexpr (kS != 0 && Score::kScalar) {
+      static_assert(VPL == 1, "one vector per lane");
       backward_row_transposed<kS>(acc, score.gsrc, p, j, lo, hi, m, lane, mask);
+    } else if constexpr (kS != 0) {
+      static_assert(VPL == 1 && Score::kTransposedDot, "one vector per lane, dot-product scores");
+      backward_row_transposed_dot<kS>(acc, score, p, j, lo, hi, m, lane, mask);
     } else {
       backward_row(acc, score, p, j, lo, hi, m, lane, mask);
     }

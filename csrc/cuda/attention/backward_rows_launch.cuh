@@ -1,7 +1,8 @@
 // What the launchers of the all-heads backward share (backward_rows.cu for
-// GAT, gatv2_backward.cu for GATv2): the sliced work list of the CSC, the
-// row terms (gat_aux_kernel) and the slices' partial rows of grad_x, and the
-// launch of attention_backward_rows_kernel.
+// GAT, gatv2_backward.cu for GATv2, transformer_backward.cu): the sliced work
+// list of the CSC, the row terms (gat_aux_kernel) and the slices' partial
+// rows of grad_x, and the launch of attention_backward_rows_kernel in the
+// pass the head layout takes.
 #pragma once
 
 #include <ATen/OpMathType.h>
@@ -63,6 +64,26 @@ BackwardScratch prepare_backward_rows(AttentionParams<scalar_t, index_t>& p, con
   return b;
 }
 
+// The destination pass's slices (the CSR's long rows) and their partial
+// rows; keeps their storage alive until the launches that read them are
+// queued.
+struct DstScratch {
+  SliceList sl;
+  at::Tensor storage, part;
+};
+
+template <typename scalar_t, typename index_t>
+DstScratch prepare_dst_rows(const AttentionParams<scalar_t, index_t>& p, const index_t* rowptr,
+                            const at::TensorOptions& options) {
+  using acc_t = at::opmath_type<scalar_t>;
+  DstScratch d;
+  int64_t slots = 0;
+  d.sl = make_slice_list(rowptr, p.num_gathered, p.num_edges, gat_row_sum_slice_len(p.num_edges),
+                         false, d.storage, options, slots);
+  d.part = at::empty({slots * p.HD}, options.dtype(c10::CppTypeToScalarType<acc_t>::value));
+  return d;
+}
+
 // One launch of a persistent attention_backward_rows_kernel instance.
 template <typename Kernel, typename scalar_t, typename index_t>
 void launch_backward_rows_kernel(Kernel kernel, const AttentionParams<scalar_t, index_t>& p,
@@ -70,6 +91,27 @@ void launch_backward_rows_kernel(Kernel kernel, const AttentionParams<scalar_t, 
   kernel<<<persistent_grid(kernel, p.num_rows, p.G, 0, kBackwardThreads), kBackwardThreads, 0,
            c10::cuda::getCurrentCUDAStream()>>>(p, sl);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// The CSC pass of policy ScoreT for this head layout: with one vector per
+// lane, heads of 8 lanes (4-byte types only: 2- and 8-byte vectors spill
+// there) and of 4 lanes take the transposed pass (backward_row_transposed for
+// GAT, backward_row_transposed_dot for GATv2 and the transformer), the others
+// backward_row.
+template <template <typename, typename, int, int> class ScoreT, typename scalar_t,
+          typename index_t, int V, int VPL>
+void launch_backward_rows_pass(const AttentionParams<scalar_t, index_t>& p, const SliceList& sl) {
+  auto run = [&](auto kernel) { launch_backward_rows_kernel(kernel, p, sl); };
+  const bool transposed = VPL == 1 && gat_transposed();
+  constexpr bool kWide = sizeof(scalar_t) == 4;
+  if (transposed && kWide && p.S == 8) {
+    run(attention_backward_rows_kernel<ScoreT, scalar_t, index_t, V, VPL,
+                                       VPL == 1 && kWide ? 8 : 0>);
+  } else if (transposed && p.S == 4) {
+    run(attention_backward_rows_kernel<ScoreT, scalar_t, index_t, V, VPL, VPL == 1 ? 4 : 0>);
+  } else {
+    run(attention_backward_rows_kernel<ScoreT, scalar_t, index_t, V, VPL, 0>);
+  }
 }
 
 }  // namespace pyg_multihead_agg

@@ -26,6 +26,8 @@
 #include <limits>
 #include <optional>
 #include <tuple>
+#include <type_traits>
+#include <vector>
 
 #include "../../checks.h"
 #include "../../philox.h"
@@ -325,6 +327,45 @@ RowConfig gatv2_checked_config(int64_t H, int64_t Dp, const char* op) {
   return rc;
 }
 
+// The forward of a per-channel op (GATv2, the transformer) once its inputs
+// are checked (s): on `ref`'s device, heads padded to the kernels' layout
+// (every tensor of `feats`, undefined ones included, padded alike), the
+// output and lse, the shared parameters, then set(p, padded) for the
+// policy's fields and launch(p, rc) for its kernel; the output cropped and
+// the bias added.
+template <class Set, class Launch>
+std::tuple<at::Tensor, at::Tensor> per_channel_forward(
+    const GatShape& s, const char* op, const at::Tensor& ref, const at::Tensor& rowptr,
+    const at::Tensor& col, std::initializer_list<const at::Tensor*> feats, double dropout_p,
+    const std::optional<at::Tensor>& philox, const std::optional<at::Tensor>& bias, Set&& set,
+    Launch&& launch) {
+  const c10::cuda::CUDAGuard guard(ref.device());
+  TORCH_CHECK(s.H * s.D <= INT_MAX, "heads * channels must be below 2^31");
+  if (s.N_dst == 0 || s.H == 0 || s.E == 0 || s.D == 0) {
+    return per_channel_without_work(s, rowptr, ref.options(), bias);
+  }
+  const auto lse_dtype = at::toOpMathType(ref.scalar_type());
+  at::Tensor out, lse = at::empty({s.N_dst, s.H}, ref.options().dtype(lse_dtype));
+  const auto rowptr_c = rowptr.contiguous(), col_c = col.contiguous();
+  FLOAT_SWITCH(ref.scalar_type(), op, [&] {
+    const int64_t Dp = gatv2_padded_channels<scalar_t>(s.D, feats);
+    const RowConfig rc = gatv2_checked_config<scalar_t>(s.H, Dp, op);
+    std::vector<at::Tensor> padded;
+    for (const at::Tensor* t : feats) padded.push_back(pad_channels(*t, Dp));
+    // Every row is written by the kernel (rows without edges get zeros, -inf).
+    auto out_p = at::empty({s.N_dst, s.H, Dp}, ref.options());
+    INDEX_SWITCH(rowptr.scalar_type(), op, [&] {
+      auto p = forward_params<scalar_t, index_t>(s, Dp, rowptr_c, col_c, out_p, lse, dropout_p,
+                                                 philox);
+      set(p, padded);
+      launch(p, rc);
+    });
+    out = crop_channels(out_p, s.D);
+  });
+  if (bias.has_value() && bias->defined()) out.add_(*bias);
+  return {out, lse};
+}
+
 std::tuple<at::Tensor, at::Tensor> gatv2_attention_cuda(
     const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& x_l,
     const at::Tensor& x_r, const std::optional<at::Tensor>& e_feat, const at::Tensor& att,
@@ -335,39 +376,21 @@ std::tuple<at::Tensor, at::Tensor> gatv2_attention_cuda(
   const auto s =
       check_gatv2_attention(rowptr, col, x_l, x_r, e_feat, att, dropout_p, philox, bias);
   TORCH_CHECK(x_l.is_cuda(), "x_l must be a CUDA tensor for the CUDA kernel");
-  const c10::cuda::CUDAGuard guard(x_l.device());
-  TORCH_CHECK(s.H * s.D <= INT_MAX, "heads * channels must be below 2^31");
-  const auto lse_dtype = at::toOpMathType(x_l.scalar_type());
-  const bool has_bias = bias.has_value() && bias->defined();
   const bool has_edge = e_feat.has_value() && e_feat->defined();
-  if (s.N_dst == 0 || s.H == 0 || s.E == 0 || s.D == 0) {
-    return per_channel_without_work(s, rowptr, x_l.options(), bias);
-  }
-  at::Tensor out, lse = at::empty({s.N_dst, s.H}, x_l.options().dtype(lse_dtype));
-  const auto rowptr_c = rowptr.contiguous(), col_c = col.contiguous();
   const at::Tensor ef = has_edge ? *e_feat : at::Tensor();
-  FLOAT_SWITCH(x_l.scalar_type(), "gatv2_attention", [&] {
-    const int64_t Dp = gatv2_padded_channels<scalar_t>(s.D, {&x_l, &x_r, &ef, &att});
-    const RowConfig rc = gatv2_checked_config<scalar_t>(s.H, Dp, "gatv2_attention");
-    const auto xl_c = pad_channels(x_l, Dp), xr_c = pad_channels(x_r, Dp);
-    const auto ef_c = pad_channels(ef, Dp), att_c = pad_channels(att, Dp);
-    // Every row is written by the kernel (rows without edges get zeros, -inf).
-    auto out_p = at::empty({s.N_dst, s.H, Dp}, x_l.options());
-    INDEX_SWITCH(rowptr.scalar_type(), "gatv2_attention", [&] {
-      using acc_t = at::opmath_type<scalar_t>;
-      auto p = forward_params<scalar_t, index_t>(s, Dp, rowptr_c, col_c, out_p, lse, dropout_p,
-                                                 philox);
-      p.x = xl_c.data_ptr<scalar_t>();
-      p.x_dst = xr_c.data_ptr<scalar_t>();
-      p.e_feat = has_edge ? ef_c.data_ptr<scalar_t>() : nullptr;
-      p.att = att_c.data_ptr<scalar_t>();
-      p.negative_slope = static_cast<acc_t>(negative_slope);
-      launch_gatv2_forward_rows(p, rc, rowptr.options());
-    });
-    out = crop_channels(out_p, s.D);
-  });
-  if (has_bias) out.add_(*bias);
-  return {out, lse};
+  return per_channel_forward(
+      s, "gatv2_attention", x_l, rowptr, col, {&x_l, &x_r, &ef, &att}, dropout_p, philox, bias,
+      [&](auto& p, const std::vector<at::Tensor>& t) {
+        using scalar_t = std::remove_const_t<std::remove_pointer_t<decltype(p.x)>>;
+        p.x = t[0].data_ptr<scalar_t>();
+        p.x_dst = t[1].data_ptr<scalar_t>();
+        p.e_feat = has_edge ? t[2].data_ptr<scalar_t>() : nullptr;
+        p.att = t[3].data_ptr<scalar_t>();
+        p.negative_slope = static_cast<decltype(p.negative_slope)>(negative_slope);
+      },
+      [&](const auto& p, const RowConfig& rc) {
+        launch_gatv2_forward_rows(p, rc, rowptr.options());
+      });
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_attention_backward_cuda(
@@ -457,39 +480,22 @@ std::tuple<at::Tensor, at::Tensor> transformer_attention_cuda(
   const auto s = check_transformer_attention(rowptr, col, query, key, value, e_feat, dropout_p,
                                              philox, bias);
   TORCH_CHECK(key.is_cuda(), "key must be a CUDA tensor for the CUDA kernel");
-  const c10::cuda::CUDAGuard guard(key.device());
-  TORCH_CHECK(s.H * s.D <= INT_MAX, "heads * channels must be below 2^31");
-  const auto lse_dtype = at::toOpMathType(key.scalar_type());
-  const bool has_bias = bias.has_value() && bias->defined();
   const bool has_edge = e_feat.has_value() && e_feat->defined();
-  if (s.N_dst == 0 || s.H == 0 || s.E == 0 || s.D == 0) {
-    return per_channel_without_work(s, rowptr, key.options(), bias);
-  }
-  at::Tensor out, lse = at::empty({s.N_dst, s.H}, key.options().dtype(lse_dtype));
-  const auto rowptr_c = rowptr.contiguous(), col_c = col.contiguous();
   const at::Tensor ef = has_edge ? *e_feat : at::Tensor();
-  FLOAT_SWITCH(key.scalar_type(), "transformer_attention", [&] {
-    const int64_t Dp = gatv2_padded_channels<scalar_t>(s.D, {&query, &key, &value, &ef});
-    const RowConfig rc = gatv2_checked_config<scalar_t>(s.H, Dp, "transformer_attention");
-    const auto q_c = pad_channels(query, Dp), k_c = pad_channels(key, Dp);
-    const auto v_c = pad_channels(value, Dp), ef_c = pad_channels(ef, Dp);
-    // Every row is written by the kernel (rows without edges get zeros, -inf).
-    auto out_p = at::empty({s.N_dst, s.H, Dp}, key.options());
-    INDEX_SWITCH(rowptr.scalar_type(), "transformer_attention", [&] {
-      using acc_t = at::opmath_type<scalar_t>;
-      auto p = forward_params<scalar_t, index_t>(s, Dp, rowptr_c, col_c, out_p, lse, dropout_p,
-                                                 philox);
-      p.x = v_c.data_ptr<scalar_t>();
-      p.key = k_c.data_ptr<scalar_t>();
-      p.x_dst = q_c.data_ptr<scalar_t>();
-      p.e_feat = has_edge ? ef_c.data_ptr<scalar_t>() : nullptr;
-      p.score_scale = static_cast<acc_t>(scale);
-      launch_transformer_forward_rows(p, rc, rowptr.options());
-    });
-    out = crop_channels(out_p, s.D);
-  });
-  if (has_bias) out.add_(*bias);
-  return {out, lse};
+  return per_channel_forward(
+      s, "transformer_attention", key, rowptr, col, {&query, &key, &value, &ef}, dropout_p,
+      philox, bias,
+      [&](auto& p, const std::vector<at::Tensor>& t) {
+        using scalar_t = std::remove_const_t<std::remove_pointer_t<decltype(p.x)>>;
+        p.x_dst = t[0].data_ptr<scalar_t>();
+        p.key = t[1].data_ptr<scalar_t>();
+        p.x = t[2].data_ptr<scalar_t>();
+        p.e_feat = has_edge ? t[3].data_ptr<scalar_t>() : nullptr;
+        p.score_scale = static_cast<decltype(p.score_scale)>(scale);
+      },
+      [&](const auto& p, const RowConfig& rc) {
+        launch_transformer_forward_rows(p, rc, rowptr.options());
+      });
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> transformer_attention_backward_cuda(

@@ -3,7 +3,8 @@
 // attention_backward_rows_kernel<Gatv2Score> (grad_x_l, grad_e_feat, the
 // sources' shares of grad_att, and per edge the logit gradient and the
 // signs of z), the destination pass gatv2_dst_rows_kernel (grad_x_r), and
-// the slices' sums.
+// the slices' sums. Heads of 4 or 8 lanes take the transposed CSC pass
+// (backward_row_transposed_dot).
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -91,21 +92,7 @@ __global__ void __launch_bounds__(kBackwardThreads)
 #pragma unroll
       for (int v = 0; v < V; ++v) acc[k][v] *= at[k][v];
   };
-  auto slice = [&](int64_t slot, int64_t, int64_t lo, int64_t hi) {
-    acc_t acc[VPL][V];
-    pass(acc, lo, hi);
-#pragma unroll
-    for (int k = 0; k < VPL; ++k)
-      if (m.valid[k]) store_vec<acc_t, V>(part + slot * p.HD + m.feat[k], acc[k]);
-  };
-  auto row = [&](int64_t r, int64_t lo, int64_t hi) {
-    acc_t acc[VPL][V];
-    pass(acc, lo, hi);
-#pragma unroll
-    for (int k = 0; k < VPL; ++k)
-      if (m.valid[k]) store_vec<scalar_t, V>(grad_x_dst + r * p.HD + m.feat[k], acc[k]);
-  };
-  for_each_slice_or_row(rowptr, p.num_edges, sl, G, slice, row);
+  for_each_dst_row<scalar_t>(rowptr, p.num_edges, sl, G, m, p.HD, part, grad_x_dst, pass);
 }
 
 }  // namespace
@@ -123,26 +110,19 @@ at::Tensor launch_gatv2_backward_rows(AttentionParams<scalar_t, index_t> p, cons
   // (zero-filled: a sliced source writes its shares to its slots, not its row)
   at::Tensor att_part = at::zeros({p.num_rows + b.max_slots, p.HD}, acc_options);
   p.att_part = att_part.data_ptr<acc_t>();
-  // The destination pass's slices: the CSR's long rows.
-  at::Tensor dst_storage;
-  int64_t dst_slots = 0;
-  const SliceList dst_sl =
-      make_slice_list(rowptr, p.num_gathered, p.num_edges, gat_row_sum_slice_len(p.num_edges),
-                      false, dst_storage, options, dst_slots);
-  const at::Tensor dst_part = at::empty({dst_slots * p.HD}, acc_options);
+  const DstScratch dst = prepare_dst_rows(p, rowptr, options);
   auto stream = c10::cuda::getCurrentCUDAStream();
   VPL_SWITCH(rc.vpl, kVPL, [&] {
-    launch_backward_rows_kernel(
-        attention_backward_rows_kernel<Gatv2Score, scalar_t, index_t, kVec, kVPL, 0>, p, b.sl);
+    launch_backward_rows_pass<Gatv2Score, scalar_t, index_t, kVec, kVPL>(p, b.sl);
     // grad_x_l[j] of every sliced column j: its slices' sum
     launch_sum_slices(p.ptr, p.num_edges, b.sl, p.part_x, p.out, p.HD,
                       static_cast<const acc_t*>(nullptr), static_cast<scalar_t*>(nullptr), 0);
     auto kernel = gatv2_dst_rows_kernel<scalar_t, index_t, kVec, kVPL>;
     kernel<<<persistent_grid(kernel, p.num_gathered, p.G, 0, kBackwardThreads), kBackwardThreads,
-             0, stream>>>(p, rowptr, grad_x_dst, dst_part.data_ptr<acc_t>(), dst_sl);
+             0, stream>>>(p, rowptr, grad_x_dst, dst.part.data_ptr<acc_t>(), dst.sl);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
-  launch_sum_slices(rowptr, p.num_edges, dst_sl, dst_part.data_ptr<acc_t>(), grad_x_dst, p.HD,
+  launch_sum_slices(rowptr, p.num_edges, dst.sl, dst.part.data_ptr<acc_t>(), grad_x_dst, p.HD,
                     static_cast<const acc_t*>(nullptr), static_cast<scalar_t*>(nullptr), 0);
   return att_part;
 }

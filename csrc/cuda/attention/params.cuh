@@ -109,9 +109,15 @@ constexpr int kBackwardTransposedMinBlocksHalf = 5;
 
 // Policies other than GAT (kScalar false) keep more per entry (GATv2: x_r[i]
 // and e_feat[e] besides grad_out[i]) and per lane (att, the grad_att share):
-// 128 registers at one vector per lane, 255 at two, one block at four.
-template <typename scalar_t, int VPL, int kS, bool kScalar = true>
+// 128 registers at one vector per lane, 255 at two, one block at four. Their
+// transposed pass takes kDotBlocks (the policy's kTransposedMinBlocks: the
+// transformer 4, 128 registers without spills in float32; GATv2 3, 168
+// registers, where 128 spilled 160-180 bytes) and 3 in 2-byte types, which
+// widen eight channels per vector (at 128 the transformer's spilled 430-610
+// bytes).
+template <typename scalar_t, int VPL, int kS, bool kScalar = true, int kDotBlocks = 4>
 constexpr int backward_min_blocks() {
+  if (!kScalar && kS != 0) return sizeof(scalar_t) == 2 ? 3 : kDotBlocks;
   if (!kScalar) return VPL >= 4 ? 1 : (VPL == 2 ? 2 : 4);
   if (kS != 0) return sizeof(scalar_t) == 2 ? kBackwardTransposedMinBlocksHalf : 4;
   return VPL >= 4 ? 1 : (VPL == 1 && sizeof(scalar_t) == 4 ? 5 : 4);

@@ -69,6 +69,8 @@ struct GatScore {
   using Params = AttentionParams<scalar_t, index_t>;
   using Lanes = RowLanes<V, VPL>;
   static constexpr bool kScalar = true;
+  static constexpr bool kTransposedDot = false;  // (its own transposed pass)
+  static constexpr int kTransposedMinBlocks = 4;
   static constexpr int kStepDivisor = 1;
 
   acc_t sd[VPL];  // s_dst of the row's heads
@@ -158,6 +160,8 @@ struct Gatv2Score {
   using Params = AttentionParams<scalar_t, index_t>;
   using Lanes = RowLanes<V, VPL>;
   static constexpr bool kScalar = false;
+  static constexpr bool kTransposedDot = true;
+  static constexpr int kTransposedMinBlocks = 3;
   static constexpr int kStepDivisor = 1;
 
   acc_t at[VPL][V];  // this lane's channels of att (0 for padding lanes)
@@ -273,6 +277,53 @@ struct Gatv2Score {
     }
     const int64_t zh = zi * p.H + m.head[k];
     if (q == 0) p.grad_z[zh] = gl;
+    if ((c0 & 31) == 0) p.bits[zh * p.W + (c0 >> 5)] = sign;
+    if (p.grad_e_feat != nullptr) store_vec<scalar_t, V>(p.grad_e_feat + e * p.HD + m.feat[k], gz);
+  }
+
+  // The transposed CSC pass (backward_row_transposed_dot): backward() in
+  // three, as the transformer's. apply() recomputes the entry's z from the
+  // vectors the pass holds (the same adds as lane_logit) and assembles the
+  // sign word with the head's lanes (every lane, every entry of the step).
+  static constexpr bool kEdgeDot = false;
+  static constexpr bool kEdgeWords = true;  // the sign words, stored per edge
+  __device__ __forceinline__ acc_t logit_part(const Params& p, int k, const BEntry& be,
+                                              const Vec<scalar_t, V>& xj) const {
+    acc_t r[V], z[V];
+    widen(be.xr, r);
+    return lane_logit(p, at[k], xj, r, be.ef, z);
+  }
+  __device__ __forceinline__ acc_t scaled_logit(const Params&, acc_t l) const { return l; }
+  __device__ __forceinline__ void apply(const Params& p, const Lanes& m, int k, int q,
+                                        unsigned mask, bool store, acc_t w, acc_t gl,
+                                        const Vec<scalar_t, V>& gv, const Vec<scalar_t, V>& xj,
+                                        const BEntry& be, acc_t (&acc)[V], int64_t e,
+                                        int64_t zi) {
+    acc_t xw[V], r[V], ew[V], z[V], gw[V], gz[V];
+    widen(xj, xw);
+    widen(be.xr, r);
+    widen(be.ef, ew);
+    widen(gv, gw);
+    uint32_t sign = 0;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      z[v] = xw[v] + r[v];
+      z[v] += ew[v];
+      sign |= (z[v] > acc_t(0) ? 1u : 0u) << v;
+    }
+    const int c0 = q * V;
+    sign <<= (c0 & 31);
+    const int word_lanes = p.S < 32 / V ? p.S : 32 / V;  // lanes sharing a word
+    for (int off = 1; off < word_lanes; off <<= 1) sign |= __shfl_xor_sync(mask, sign, off);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const bool pos = z[v] > acc_t(0);
+      gz[v] = gl * at[k][v] * (pos ? acc_t(1) : p.negative_slope);
+      acc[v] += w * gw[v] + gz[v];
+      ga[k][v] += gl * (pos ? z[v] : z[v] * p.negative_slope);
+    }
+    if (!store) return;
+    const int64_t zh = zi * p.H + m.head[k];
     if ((c0 & 31) == 0) p.bits[zh * p.W + (c0 >> 5)] = sign;
     if (p.grad_e_feat != nullptr) store_vec<scalar_t, V>(p.grad_e_feat + e * p.HD + m.feat[k], gz);
   }
@@ -405,6 +456,43 @@ struct TransformerScore {
     }
     if (q == 0) p.grad_z[zi * p.H + m.head[k]] = gl;
     if (p.grad_e_feat != nullptr) store_vec<scalar_t, V>(p.grad_e_feat + e * p.HD + m.feat[k], ge);
+  }
+
+  // The transposed CSC pass (backward_row_transposed_dot) splits backward()
+  // in three: every lane's part of the entry's logit (the lane_dot that
+  // lanes_sum would add up), one lane's scalar work (in the pass), and the
+  // entry's vector work with that lane's w and gl. The sums are backward()'s,
+  // so both passes give the same bits.
+  static constexpr bool kTransposedDot = true;
+  static constexpr int kTransposedMinBlocks = 4;
+  static constexpr bool kEdgeDot = true;     // dot += <grad_out[i], e_feat[e]>
+  static constexpr bool kEdgeWords = false;  // stores per edge only grad_e_feat
+  __device__ __forceinline__ acc_t logit_part(const Params&, int k, const BEntry& be,
+                                              const Vec<scalar_t, V>&) const {
+    acc_t qw[V];
+    widen(be.qv, qw);
+    return lane_dot(qw, kj[k], be.ef);
+  }
+  __device__ __forceinline__ acc_t scaled_logit(const Params& p, acc_t l) const {
+    return l * p.score_scale;
+  }
+  __device__ __forceinline__ void apply(const Params& p, const Lanes& m, int k, int, unsigned,
+                                        bool store, acc_t w, acc_t gl,
+                                        const Vec<scalar_t, V>& gv, const Vec<scalar_t, V>&,
+                                        const BEntry& be, acc_t (&acc)[V], int64_t e, int64_t) {
+    const acc_t gs = gl * p.score_scale;
+    acc_t qw[V], gw[V], ge[V];
+    widen(be.qv, qw);
+    widen(gv, gw);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const acc_t gvv = w * gw[v], gkv = gs * qw[v];
+      acc[v] += gvv;
+      gk[k][v] += gkv;
+      ge[v] = gvv + gkv;
+    }
+    if (store && p.grad_e_feat != nullptr)
+      store_vec<scalar_t, V>(p.grad_e_feat + e * p.HD + m.feat[k], ge);
   }
 
   __device__ __forceinline__ void store_source(const Params& p, int64_t j, const Lanes& m, int k,

@@ -2,7 +2,8 @@
 // launchers.cuh): gat_aux_kernel (the row terms), the CSC source pass
 // attention_backward_rows_kernel<TransformerScore> (grad_value, grad_key,
 // grad_e_feat, and per edge the logit gradient), the destination pass
-// transformer_dst_rows_kernel (grad_query), and the slices' sums.
+// transformer_dst_rows_kernel (grad_query), and the slices' sums. Heads of 4
+// or 8 lanes take the transposed CSC pass (backward_row_transposed_dot).
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -87,21 +88,7 @@ __global__ void __launch_bounds__(kBackwardThreads)
         }
     }
   };
-  auto slice = [&](int64_t slot, int64_t, int64_t lo, int64_t hi) {
-    acc_t acc[VPL][V];
-    pass(acc, lo, hi);
-#pragma unroll
-    for (int k = 0; k < VPL; ++k)
-      if (m.valid[k]) store_vec<acc_t, V>(part + slot * p.HD + m.feat[k], acc[k]);
-  };
-  auto row = [&](int64_t r, int64_t lo, int64_t hi) {
-    acc_t acc[VPL][V];
-    pass(acc, lo, hi);
-#pragma unroll
-    for (int k = 0; k < VPL; ++k)
-      if (m.valid[k]) store_vec<scalar_t, V>(grad_query + r * p.HD + m.feat[k], acc[k]);
-  };
-  for_each_slice_or_row(rowptr, p.num_edges, sl, G, slice, row);
+  for_each_dst_row<scalar_t>(rowptr, p.num_edges, sl, G, m, p.HD, part, grad_query, pass);
 }
 
 }  // namespace
@@ -118,18 +105,10 @@ void launch_transformer_backward_rows(AttentionParams<scalar_t, index_t> p, cons
       prepare_backward_rows(p, out, rc, gat_backward_slice_len<scalar_t>(p.num_edges), options);
   const at::Tensor part_key = at::empty({b.max_slots * p.HD}, acc_options);
   p.part_key = part_key.data_ptr<acc_t>();
-  // The destination pass's slices: the CSR's long rows.
-  at::Tensor dst_storage;
-  int64_t dst_slots = 0;
-  const SliceList dst_sl =
-      make_slice_list(rowptr, p.num_gathered, p.num_edges, gat_row_sum_slice_len(p.num_edges),
-                      false, dst_storage, options, dst_slots);
-  const at::Tensor dst_part = at::empty({dst_slots * p.HD}, acc_options);
+  const DstScratch dst = prepare_dst_rows(p, rowptr, options);
   auto stream = c10::cuda::getCurrentCUDAStream();
   VPL_SWITCH(rc.vpl, kVPL, [&] {
-    launch_backward_rows_kernel(
-        attention_backward_rows_kernel<TransformerScore, scalar_t, index_t, kVec, kVPL, 0>, p,
-        b.sl);
+    launch_backward_rows_pass<TransformerScore, scalar_t, index_t, kVec, kVPL>(p, b.sl);
     // grad_value[j] and grad_key[j] of every sliced column j: its slices' sums
     launch_sum_slices(p.ptr, p.num_edges, b.sl, p.part_x, p.out, p.HD,
                       static_cast<const acc_t*>(p.part_key), p.grad_key, p.HD);
@@ -137,10 +116,10 @@ void launch_transformer_backward_rows(AttentionParams<scalar_t, index_t> p, cons
     // indices address the sources, p.num_rows)
     auto kernel = transformer_dst_rows_kernel<scalar_t, index_t, kVec, kVPL>;
     kernel<<<persistent_grid(kernel, p.num_gathered, p.G, 0, kBackwardThreads), kBackwardThreads,
-             0, stream>>>(p, rowptr, col, grad_query, dst_part.data_ptr<acc_t>(), dst_sl);
+             0, stream>>>(p, rowptr, col, grad_query, dst.part.data_ptr<acc_t>(), dst.sl);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
-  launch_sum_slices(rowptr, p.num_edges, dst_sl, dst_part.data_ptr<acc_t>(), grad_query, p.HD,
+  launch_sum_slices(rowptr, p.num_edges, dst.sl, dst.part.data_ptr<acc_t>(), grad_query, p.HD,
                     static_cast<const acc_t*>(nullptr), static_cast<scalar_t*>(nullptr), 0);
 }
 
