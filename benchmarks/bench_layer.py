@@ -76,6 +76,7 @@ IN_CHANNELS = 128
 FORWARD, TRAIN = "forward", "forward+backward"
 PYG_EAGER = "PyG edge_index eager"
 PYG_COMPILED = "PyG edge_index compiled"
+REDUCE_OVERHEAD = "reduce-overhead"  # torch.compile's mode with CUDA graphs
 PEERS = (PYG_EAGER, PYG_COMPILED)
 # A whole layer rounds more often than the operator (linear, logits, softmax).
 TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 5e-2, torch.float32: 1e-4,
@@ -213,12 +214,18 @@ def run_variant(r: Row, make: Callable[[], Tuple[torch.nn.Module, object]], x: T
     def cast():
         return torch.autocast(device.type, dtype=autocast, enabled=autocast is not None)
 
+    # CUDA graphs (reduce-overhead): each call is a new step, whose replay
+    # may reuse the previous step's output memory.
+    cuda_graphs = REDUCE_OVERHEAD in r.method
+    begin = torch.compiler.cudagraph_mark_step_begin if cuda_graphs else (lambda: None)
     if r.pass_ == FORWARD:
         def step(grad_out=grad_out):
+            begin()
             with torch.no_grad(), cast():
                 return model(x, adj), ()
     else:
         def step(grad_out=grad_out):
+            begin()
             with cast():
                 out = model(x, adj)
             return out, torch.autograd.grad(out, params, grad_out.to(out.dtype))
@@ -228,7 +235,10 @@ def run_variant(r: Row, make: Callable[[], Tuple[torch.nn.Module, object]], x: T
     out, grads = step(check.grad_out)  # compiles, for compiled layers
     common.sync(device)
     r.extra["first_call_s"] = round(time.perf_counter() - t, 2)
-    if r.method.endswith("compiled"):
+    if cuda_graphs:  # the first call warms up, the second records: check a replay
+        for _ in range(2):
+            out, grads = step(check.grad_out)
+    if "compiled" in r.method:
         # A compiled row that silently ran eager (or in pieces) must show.
         r.extra["graphs_compiled"] = counters["stats"]["unique_graphs"]
         r.extra["graph_breaks"] = sum(counters["graph_break"].values())
@@ -266,6 +276,9 @@ def variants(g: Graph, pyg: torch.nn.Module, ours: Optional[torch.nn.Module], dt
     out = [(PYG_EAGER, lambda: (pyg, edge_index))]
     if not args.no_compile:
         out.append((PYG_COMPILED, lambda: (torch.compile(pyg, dynamic=args.dynamic), edge_index)))
+        if args.reduce_overhead:
+            out.append((f"{PYG_COMPILED}, {REDUCE_OVERHEAD}", lambda: (torch.compile(
+                pyg, dynamic=args.dynamic, mode=REDUCE_OVERHEAD), edge_index)))
     if ours is not None:
         out += our_variants(g, ours, dtype, args)
     out = [(family.method(name), make) for name, make in out]
@@ -297,12 +310,19 @@ def our_variants(g: Graph, ours: torch.nn.Module, dtype: torch.dtype, args
         if not args.no_compile:
             out.append((f"ours {adj_name} compiled", functools.partial(
                 lambda a: (torch.compile(ours, dynamic=args.dynamic), a()), get_adj)))
+            if args.reduce_overhead:
+                out.append((f"ours {adj_name} compiled, {REDUCE_OVERHEAD}", functools.partial(
+                    lambda a: (torch.compile(ours, dynamic=args.dynamic, mode=REDUCE_OVERHEAD),
+                               a()), get_adj)))
         if adj_name == "edge_index":
             if not args.no_compile:
-                out.append(("ours edge_index compiled, prepared", functools.partial(
-                    lambda a: (torch.compile(ours, dynamic=args.dynamic),
-                               prepare_adjacency(a(), num_nodes=g.num_nodes,
-                                                 add_self_loops=False)), get_adj)))
+                modes = [None] + ([REDUCE_OVERHEAD] if args.reduce_overhead else [])
+                for mode in modes:
+                    out.append((f"ours edge_index compiled, prepared{f', {mode}' if mode else ''}",
+                                functools.partial(lambda a, m: (
+                                    torch.compile(ours, dynamic=args.dynamic, mode=m),
+                                    prepare_adjacency(a(), num_nodes=g.num_nodes,
+                                                      add_self_loops=False)), get_adj, mode)))
             continue  # unfused: PyG's own path for a plain edge_index
         out.append((f"ours {adj_name} unfused eager",
                     functools.partial(lambda a: (unfused, a()), get_adj)))
@@ -551,6 +571,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                         "with 'GATv2 ' and 'Transformer ')")
     parser.add_argument("--fold-off-rows", action="store_true",
                         help="also run our fused GATConv with fold_scores=False")
+    parser.add_argument("--reduce-overhead", action="store_true",
+                        help="also run each compiled row under "
+                        "torch.compile(mode='reduce-overhead') (CUDA graphs)")
     parser.add_argument("--no-compile", action="store_true",
                         help="eager rows only (skips torch.compile and its warm-up)")
     parser.add_argument("--autocast", default="",

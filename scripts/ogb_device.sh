@@ -18,11 +18,14 @@
 #   full-bf16      GAT 4 x 64, ours and PyG's, --amp bf16
 #   full-narrow    GAT 2 x 16, ours and PyG's, eager (a width PyG may fit)
 #   minibatch      GAT 4 x 64 over NeighborLoader batches (15,10; 1024 seeds),
-#                  ours and PyG's; without pyg-lib or torch-sparse it first
-#                  builds torch-sparse for the CPU from a carried source
-#                  archive (SAMPLER_SDIST, default .device/sdist/torch_sparse-
-#                  *.tar.gz: `pip download --no-deps --no-binary :all:
-#                  torch-sparse`), else writes a "no sampler" row
+#                  ours and PyG's; without pyg-lib or torch-sparse it takes
+#                  torch-sparse's CPU operators built beforehand for this
+#                  machine (SAMPLER_SITE, default .device/sampler_site, from
+#                  scripts/build_sampler_device.sh), or builds them here from
+#                  a carried source archive (SAMPLER_SDIST, default
+#                  .device/sdist/torch_sparse-*.tar.gz: `pip download
+#                  --no-deps --no-binary :all: torch-sparse`), else writes a
+#                  "no sampler" row
 #   summary        benchmarks/reference/ogb_cuda.{md,json} from every result so far
 #   all            every step above, in this order (longer than one device call)
 # Every call ends with the summary of the results so far, and copies to $OUT:
@@ -135,8 +138,13 @@ if has full-narrow; then
 fi
 if has minibatch; then
   sampler='from torch_geometric.typing import WITH_PYG_LIB as a, WITH_TORCH_SPARSE as b; exit(0 if a or b else 1)'
-  # Without a sampler: build torch-sparse for the CPU (NeighborLoader samples
-  # on the CPU) from a carried source archive, if there is one.
+  # Without a sampler: torch-sparse's CPU operators (NeighborLoader samples
+  # on the CPU) built beforehand, else built from a carried source archive.
+  site="${SAMPLER_SITE:-.device/sampler_site}"
+  if ! "$PY" -c "$sampler" 2> /dev/null && [ -d "$site/torch_sparse" ]; then
+    export PYTHONPATH="$(cd "$site" && pwd)${PYTHONPATH:+:$PYTHONPATH}"
+    say "minibatch: torch-sparse from $site"
+  fi
   sdist=$(ls ${SAMPLER_SDIST:-.device/sdist/torch_sparse-*.tar.gz} 2>/dev/null | head -1)
   if ! "$PY" -c "$sampler" 2> /dev/null && [ -n "$sdist" ]; then
     say "minibatch: building torch-sparse (CPU) from $sdist"
