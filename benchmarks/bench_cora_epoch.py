@@ -28,10 +28,33 @@ import common  # noqa: E402
 # (name, --layer, --adj of examples/train_cora.py). "csr unfused": our layer
 # with fused_attention=False (PyG's softmax and dropout, then our aggregation
 # operator) on the csr adjacency.
+# "no attention": every layer reduced to its projection, bias and head merge,
+# the rest of the epoch unchanged: the part of the epoch that no attention
+# implementation removes, and so the floor of every other row.
 VARIANTS = [("pyg edge_index", "pyg", "edge_index"), ("ours edge_index", "ours", "edge_index"),
             ("ours edge_index_sorted", "ours", "edge_index_sorted"), ("ours csr", "ours", "csr"),
-            ("ours sparse_tensor", "ours", "sparse_tensor"), ("ours csr unfused", "ours", "csr")]
+            ("ours sparse_tensor", "ours", "sparse_tensor"), ("ours csr unfused", "ours", "csr"),
+            ("no attention", "none", "edge_index")]
 PEER = "pyg edge_index"
+LAYERS = {"pyg": "PyG GATConv", "ours": "pyg_multihead_agg GATConv",
+          "none": "projection, bias and head merge only"}
+
+
+class NoAttention(torch.nn.Module):
+    """A GAT layer without its attention: the projection, the head merge and
+    the bias (the epoch's floor; the adjacency is ignored)."""
+
+    def __init__(self, in_channels: int, out_channels: int, heads: int = 1,
+                 concat: bool = True, dropout: float = 0.0):
+        super().__init__()
+        self.heads, self.out_channels, self.concat = heads, out_channels, concat
+        self.lin = torch.nn.Linear(in_channels, heads * out_channels, bias=False)
+        self.bias = torch.nn.Parameter(torch.zeros(heads * out_channels if concat
+                                                   else out_channels))
+
+    def forward(self, x, adj):
+        h = self.lin(x).view(-1, self.heads, self.out_channels)
+        return (h.flatten(1) if self.concat else h.mean(dim=1)) + self.bias
 
 
 def main() -> None:
@@ -51,7 +74,7 @@ def main() -> None:
     kinds = [name for name, _, _ in chosen]
     variants = {}
     for kind, layer, adj_kind in chosen:
-        conv = torch_geometric.nn.GATConv if layer == "pyg" else GATConv
+        conv = {"pyg": torch_geometric.nn.GATConv, "ours": GATConv, "none": NoAttention}[layer]
         if kind.endswith("unfused"):
             conv = functools.partial(GATConv, fused_attention=False)
         torch.manual_seed(0)
@@ -88,10 +111,9 @@ def main() -> None:
     meta = common.environment(device, sys.argv)
     meta["rounds"] = f"{args.rounds} rounds x {args.epochs_per_round} epochs"
     rows, cells = [], []
-    for kind in kinds:
+    for kind, layer, _ in chosen:
         med = statistics.median(times[kind])
-        layer = ("PyG GATConv" if kind == PEER else "pyg_multihead_agg GATConv"
-                 + (" (fused_attention=False)" if kind.endswith("unfused") else ""))
+        layer = LAYERS[layer] + (" (fused_attention=False)" if kind.endswith("unfused") else "")
         rows.append(common.Row("cora", "float32", kind, "epoch", ms=med, times_ms=times[kind],
                                extra={"layer": layer}))
         cells.append([kind, layer, f"{med:.2f} ms", f"{base / med:.2f}x"])
@@ -100,7 +122,9 @@ def main() -> None:
     notes = (f"One epoch: a training step (forward, loss, backward, Adam) and an evaluation "
              f"forward of examples/train_cora.py's model, median over {meta['rounds']}, the "
              f"variants interleaved round-robin. vs PyG: PyG's GATConv on a plain edge_index "
-             f"over this row.")
+             f"over this row. 'no attention': the same epoch with each layer cut to its "
+             f"projection, bias and head merge, the floor of every row (PyG over it bounds "
+             f"the speed-up any attention implementation can reach).")
     paths = common.write_results(args.out, common.result_stem("cora_epoch", device, args.tag),
                                  "Cora GAT epoch", meta, rows, text, notes, chart_peers=[PEER])
     print(f"{common.summary_line(meta)}, {meta['rounds']}")
