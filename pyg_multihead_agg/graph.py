@@ -484,9 +484,14 @@ def _sorted_both(src: Tensor, dst: Tensor, num_src: int, num_dst: int, num_rows:
     if kept is not None:
         src_key = torch.where(dst == num_dst, torch.full_like(src, num_src), src)
     keys, order = torch.sort(torch.stack([dst, src_key]), dim=1, stable=True)
-    rowptr, colptr = _ptr(keys[0], num_rows), _ptr(keys[1], num_src)
+    # The CSC's pointers from a gathered copy of the sorted sources, not from
+    # keys[1]: Inductor's CUDA searchsorted misreads a row at an offset.
+    rowptr, colptr = _ptr(keys[0], num_rows), _ptr(src_key[order[1]], num_src)
     edge_perm = order[0].to(dtype)
-    col, row, perm = src[order[0]], dst[order[1]], invert_perm(edge_perm)[order[1]]
+    # position[e]: the CSR position of edge e (the inverse of edge_perm)
+    position = torch.empty_like(edge_perm).scatter_(
+        0, order[0], torch.arange(edge_perm.numel(), device=src.device, dtype=dtype))
+    col, row, perm = src[order[0]], dst[order[1]], position[order[1]]
     if kept is not None:
         rowptr, col, edge_perm = rowptr[:num_dst + 1], col[:kept], edge_perm[:kept]
         row, perm = row[:kept], perm[:kept]
@@ -624,7 +629,8 @@ def prepare(adj, num_src: int, num_dst: int, *, self_loops: Optional[int] = None
     run = _outside_graph if _untraceable(adj) else _in_graph
     key = (num_src, num_dst, self_loops)
     graph = None if compiling else _cache_get(adj, key)
-    if graph is None:
+    fresh = graph is None
+    if fresh:
         exact = (not compiling or run is _outside_graph) and _INDEX_CHECK[0]
         graph = run(_build, adj, num_src, num_dst, self_loops, exact, need_csc)
     elif not need_csc or graph.csc is not None and (
@@ -636,7 +642,7 @@ def prepare(adj, num_src: int, num_dst: int, *, self_loops: Optional[int] = None
     # traced call, a first call) never pays for it.
     if need_csc and graph.csc is None:
         graph = run(_with_csc, graph, adj, num_src, False)
-    elif need_csc and graph.perm_inv is None and graph.col.is_cuda:
+    elif need_csc and graph.perm_inv is None and graph.col.is_cuda and not fresh:
         graph = graph._replace(perm_inv=invert_perm(graph.csc[2]))
     if not compiling:
         _cache_put(adj, key, graph)

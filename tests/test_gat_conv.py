@@ -991,9 +991,13 @@ def test_compile_reduce_overhead_cuda(kind, conv):
     for seed in (1, 2):
         plain, adj = adjacency(seed)
         eager_out, eager_grads = step(model, plain)
-        for _ in range(4):  # warm-up, recording, replays
+        for call in range(4):  # warm-up, recording, replays
             torch.compiler.cudagraph_mark_step_begin()
             out, grads = step(compiled, adj)
-            assert rel_error(out, eager_out) <= 1e-5
+            where = f"graph {seed}, call {call}"
+            assert rel_error(out, eager_out) <= 1e-5, where
+            # against the largest gradient: TransformerConv's lin_key.bias
+            # gets none in exact arithmetic (the softmax cancels it)
+            scale = max(float(g.norm()) for g in eager_grads)
             for grad, eager in zip(grads, eager_grads, strict=True):
-                assert rel_error(grad, eager) <= 1e-5
+                assert float((grad - eager).norm()) <= 1e-5 * scale, where

@@ -125,7 +125,12 @@ def test_prepared_graph_is_the_looped_graph(kind, sizes, loops, exact, device):
     check_csc(graph, num_src)
     index_dtype = torch.int32 if device == "cuda" else src.dtype
     assert graph.col.dtype == graph.rowptr.dtype == graph.csc[0].dtype == index_dtype
-    assert (graph.perm_inv is not None) == (device == "cuda")
+    # perm_inv: CUDA only, where the CSC came from _with_csc or from an
+    # order by source (the one-sort build leaves it to the graph's second
+    # backward, as prepare does)
+    if graph.perm_inv is not None:
+        assert device == "cuda"
+        graphs.check_perm_inv(graph.perm_inv, graph.csc[2])
 
 
 def test_edge_values_reach_their_csr_entries():
