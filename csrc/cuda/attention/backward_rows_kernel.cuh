@@ -270,7 +270,7 @@ __device__ __forceinline__ void transpose_sums(acc_t (&d)[U], int q, unsigned ma
 }
 
 // The transposed pass for policies whose logit is a sum over the head's
-// channels (Score::kTransposedDot: GATv2, the transformer), one vector per
+// channels (Score::kTransposedDot: the transformer), one vector per
 // lane and heads of kS = 4 or 8 lanes (padded heads too: a lane past the
 // head's D / V vectors holds zeros and still takes its entry's scalar work).
 // backward_row runs two kS-lane butterflies per entry (the logit and
@@ -280,7 +280,7 @@ __device__ __forceinline__ void transpose_sums(acc_t (&d)[U], int q, unsigned ma
 // kS = 8), lane q of a head does entry q % 4's scalar work (its aux,
 // dropout mask, alpha, logit gradient; lanes q < 4 store grad_z) and hands w
 // and gl back with two shuffles per entry; the policy's apply() does the
-// entry's vector work in every lane (GATv2: its sign word too). Four entries
+// entry's vector work in every lane. Four entries
 // (not kS) per step: each brings three row vectors (grad_out[i], the
 // policy's row of i, e_feat[e]), and eight would hold 96 registers of loads
 // in flight. The pairs added are lanes_sum's, so every logit, alpha,
@@ -371,16 +371,11 @@ __device__ __forceinline__ void backward_row_transposed_dot(
     for (int u = 0; u < U; ++u) {
       const acc_t wu = __shfl_sync(mask, w, head_base + u);
       const acc_t glu = __shfl_sync(mask, gl, head_base + u);
-      // Entry u's own test, as lane u made it for w and gl: from the edge
-      // ids where this lane has them, else (perm_inv given) from lane u
-      // where the policy stores per-edge words (GATv2's signs); the
-      // transformer stores nothing per edge then.
+      // Entry u's own test, as lane u made it for w and gl, from the edge
+      // ids where this lane has them (without them, with perm_inv given, the
+      // policy stores nothing per edge).
       bool entry_ok = u < left && gathered_ok(cur.i[u]);
-      if (edge_ids) {
-        entry_ok = entry_ok && edge_ok(eu[u]);
-      } else if constexpr (Score::kEdgeWords) {
-        entry_ok = __shfl_sync(mask, ok ? 1 : 0, head_base + u) != 0;
-      }
+      if (edge_ids) entry_ok = entry_ok && edge_ok(eu[u]);
       const bool store = valid && entry_ok;
       const int64_t zi = p.perm_inv != nullptr ? lo + k0 + u : static_cast<int64_t>(eu[u]);
       score.apply(p, m, 0, q, mask, store, wu, glu, gv[u], xr, be[u], acc[0],
@@ -420,8 +415,8 @@ __device__ __forceinline__ void for_each_dst_row(const index_t* rowptr, int64_t 
 
 namespace {  // internal linkage: each instance is launched by one .cu
 // ScoreT: the policy (scores.cuh). kS = 4 or 8: for heads of kS lanes (VPL =
-// 1), backward_row_transposed (GAT) or backward_row_transposed_dot (GATv2,
-// the transformer); kS = 0: backward_row.
+// 1), backward_row_transposed (GAT) or backward_row_transposed_dot (the
+// transformer); kS = 0: backward_row.
 template <template <typename, typename, int, int> class ScoreT, typename scalar_t,
           typename index_t, int V, int VPL, int kS>
 __global__ void __launch_bounds__(kBackwardThreads,

@@ -95,23 +95,24 @@ void launch_backward_rows_kernel(Kernel kernel, const AttentionParams<scalar_t, 
 
 // The CSC pass of policy ScoreT for this head layout: with one vector per
 // lane, heads of 8 lanes (4-byte types only: 2- and 8-byte vectors spill
-// there) and of 4 lanes take the transposed pass (backward_row_transposed for
-// GAT, backward_row_transposed_dot for GATv2 and the transformer), the others
-// backward_row.
+// there) and of 4 lanes take the transposed pass of the policies that have
+// one (backward_row_transposed for GAT, backward_row_transposed_dot for the
+// transformer), the others backward_row.
 template <template <typename, typename, int, int> class ScoreT, typename scalar_t,
           typename index_t, int V, int VPL>
 void launch_backward_rows_pass(const AttentionParams<scalar_t, index_t>& p, const SliceList& sl) {
+  using Score = ScoreT<scalar_t, index_t, V, VPL>;
   auto run = [&](auto kernel) { launch_backward_rows_kernel(kernel, p, sl); };
-  const bool transposed = VPL == 1 && gat_transposed();
   constexpr bool kWide = sizeof(scalar_t) == 4;
-  if (transposed && kWide && p.S == 8) {
-    run(attention_backward_rows_kernel<ScoreT, scalar_t, index_t, V, VPL,
-                                       VPL == 1 && kWide ? 8 : 0>);
-  } else if (transposed && p.S == 4) {
-    run(attention_backward_rows_kernel<ScoreT, scalar_t, index_t, V, VPL, VPL == 1 ? 4 : 0>);
-  } else {
-    run(attention_backward_rows_kernel<ScoreT, scalar_t, index_t, V, VPL, 0>);
+  if constexpr (VPL == 1 && (Score::kScalar || Score::kTransposedDot)) {
+    if (gat_transposed() && kWide && p.S == 8) {
+      return run(attention_backward_rows_kernel<ScoreT, scalar_t, index_t, V, VPL, kWide ? 8 : 0>);
+    }
+    if (gat_transposed() && p.S == 4) {
+      return run(attention_backward_rows_kernel<ScoreT, scalar_t, index_t, V, VPL, 4>);
+    }
   }
+  run(attention_backward_rows_kernel<ScoreT, scalar_t, index_t, V, VPL, 0>);
 }
 
 }  // namespace pyg_multihead_agg

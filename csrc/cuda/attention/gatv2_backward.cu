@@ -3,8 +3,8 @@
 // attention_backward_rows_kernel<Gatv2Score> (grad_x_l, grad_e_feat, the
 // sources' shares of grad_att, and per edge the logit gradient and the
 // signs of z), the destination pass gatv2_dst_rows_kernel (grad_x_r), and
-// the slices' sums. Heads of 4 or 8 lanes take the transposed CSC pass
-// (backward_row_transposed_dot).
+// the slices' sums. The CSC pass is backward_row for every head layout
+// (Gatv2Score::kTransposedDot).
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>

@@ -109,11 +109,10 @@ constexpr int kBackwardTransposedMinBlocksHalf = 5;
 
 // Policies other than GAT (kScalar false) keep more per entry (GATv2: x_r[i]
 // and e_feat[e] besides grad_out[i]) and per lane (att, the grad_att share):
-// 128 registers at one vector per lane, 255 at two, one block at four. Their
-// transposed pass takes kDotBlocks (the policy's kTransposedMinBlocks: the
-// transformer 4, 128 registers without spills in float32; GATv2 3, 168
-// registers, where 128 spilled 160-180 bytes) and 3 in 2-byte types, which
-// widen eight channels per vector (at 128 the transformer's spilled 430-610
+// 128 registers at one vector per lane, 255 at two, one block at four. The
+// transformer's transposed pass takes kDotBlocks (its kTransposedMinBlocks:
+// 4, 128 registers without spills in float32) and 3 in 2-byte types, which
+// widen eight channels per vector (at 128 registers it spilled 430-610
 // bytes).
 template <typename scalar_t, int VPL, int kS, bool kScalar = true, int kDotBlocks = 4>
 constexpr int backward_min_blocks() {

@@ -160,8 +160,13 @@ struct Gatv2Score {
   using Params = AttentionParams<scalar_t, index_t>;
   using Lanes = RowLanes<V, VPL>;
   static constexpr bool kScalar = false;
-  static constexpr bool kTransposedDot = true;
-  static constexpr int kTransposedMinBlocks = 3;
+  // The CSC pass is backward_row for every head layout: the transposed
+  // pass (an entry's scalar work in one lane) measured slower for GATv2
+  // (43.5 against 41.0 ms, products-like float32), whose vector work per
+  // entry (z, the sign word, two gradient terms per channel) outweighs the
+  // scalar work it saves.
+  static constexpr bool kTransposedDot = false;
+  static constexpr int kTransposedMinBlocks = 0;  // (no transposed pass)
   static constexpr int kStepDivisor = 1;
 
   acc_t at[VPL][V];  // this lane's channels of att (0 for padding lanes)
@@ -277,53 +282,6 @@ struct Gatv2Score {
     }
     const int64_t zh = zi * p.H + m.head[k];
     if (q == 0) p.grad_z[zh] = gl;
-    if ((c0 & 31) == 0) p.bits[zh * p.W + (c0 >> 5)] = sign;
-    if (p.grad_e_feat != nullptr) store_vec<scalar_t, V>(p.grad_e_feat + e * p.HD + m.feat[k], gz);
-  }
-
-  // The transposed CSC pass (backward_row_transposed_dot): backward() in
-  // three, as the transformer's. apply() recomputes the entry's z from the
-  // vectors the pass holds (the same adds as lane_logit) and assembles the
-  // sign word with the head's lanes (every lane, every entry of the step).
-  static constexpr bool kEdgeDot = false;
-  static constexpr bool kEdgeWords = true;  // the sign words, stored per edge
-  __device__ __forceinline__ acc_t logit_part(const Params& p, int k, const BEntry& be,
-                                              const Vec<scalar_t, V>& xj) const {
-    acc_t r[V], z[V];
-    widen(be.xr, r);
-    return lane_logit(p, at[k], xj, r, be.ef, z);
-  }
-  __device__ __forceinline__ acc_t scaled_logit(const Params&, acc_t l) const { return l; }
-  __device__ __forceinline__ void apply(const Params& p, const Lanes& m, int k, int q,
-                                        unsigned mask, bool store, acc_t w, acc_t gl,
-                                        const Vec<scalar_t, V>& gv, const Vec<scalar_t, V>& xj,
-                                        const BEntry& be, acc_t (&acc)[V], int64_t e,
-                                        int64_t zi) {
-    acc_t xw[V], r[V], ew[V], z[V], gw[V], gz[V];
-    widen(xj, xw);
-    widen(be.xr, r);
-    widen(be.ef, ew);
-    widen(gv, gw);
-    uint32_t sign = 0;
-#pragma unroll
-    for (int v = 0; v < V; ++v) {
-      z[v] = xw[v] + r[v];
-      z[v] += ew[v];
-      sign |= (z[v] > acc_t(0) ? 1u : 0u) << v;
-    }
-    const int c0 = q * V;
-    sign <<= (c0 & 31);
-    const int word_lanes = p.S < 32 / V ? p.S : 32 / V;  // lanes sharing a word
-    for (int off = 1; off < word_lanes; off <<= 1) sign |= __shfl_xor_sync(mask, sign, off);
-#pragma unroll
-    for (int v = 0; v < V; ++v) {
-      const bool pos = z[v] > acc_t(0);
-      gz[v] = gl * at[k][v] * (pos ? acc_t(1) : p.negative_slope);
-      acc[v] += w * gw[v] + gz[v];
-      ga[k][v] += gl * (pos ? z[v] : z[v] * p.negative_slope);
-    }
-    if (!store) return;
-    const int64_t zh = zi * p.H + m.head[k];
     if ((c0 & 31) == 0) p.bits[zh * p.W + (c0 >> 5)] = sign;
     if (p.grad_e_feat != nullptr) store_vec<scalar_t, V>(p.grad_e_feat + e * p.HD + m.feat[k], gz);
   }
@@ -465,8 +423,7 @@ struct TransformerScore {
   // so both passes give the same bits.
   static constexpr bool kTransposedDot = true;
   static constexpr int kTransposedMinBlocks = 4;
-  static constexpr bool kEdgeDot = true;     // dot += <grad_out[i], e_feat[e]>
-  static constexpr bool kEdgeWords = false;  // stores per edge only grad_e_feat
+  static constexpr bool kEdgeDot = true;  // dot += <grad_out[i], e_feat[e]>
   __device__ __forceinline__ acc_t logit_part(const Params&, int k, const BEntry& be,
                                               const Vec<scalar_t, V>&) const {
     acc_t qw[V];
