@@ -957,12 +957,23 @@ def test_score_fold_choice(fold, num_nodes):
 @pytest.mark.parametrize("conv", ["gat", pytest.param("gatv2", marks=pytest.mark.slow),
                                   pytest.param("transformer", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("kind", ["edge_index", "prepared", "edge_index_sorted"])
-def test_compile_reduce_overhead_cuda(kind, conv):
+def test_compile_reduce_overhead_cuda(kind, conv, request):
     """torch.compile(mode="reduce-overhead") (CUDA graphs) over a layer: the
     replays match eager, output and gradients, step after step; a second
     edge tensor of the same shape (a new mini-batch) gets its own graph,
     never a replay of the first's conversion."""
+    import torch._inductor.config as inductor_config
+
     import pyg_multihead_agg as pma
+    if kind == "edge_index" and conv == "gat" and getattr(inductor_config, "graph_partition",
+                                                           False):
+        # Inductor splits the graph around the conversion operator (tagged
+        # unsafe for CUDA graphs); in training, GATConv's output is then
+        # wrong from the first call (relative error 0.19 here), while
+        # GATv2Conv and TransformerConv, a prepared adjacency and an
+        # EdgeIndex match eager. Open: docs/graph.md.
+        request.applymarker(pytest.mark.xfail(strict=True, reason="GATConv under graph "
+                                              "partition with a plain edge_index"))
 
     layer = {"gat": pma.nn.GATConv, "gatv2": pma.nn.GATv2Conv,
              "transformer": pma.nn.TransformerConv}[conv]
