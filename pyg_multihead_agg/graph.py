@@ -183,6 +183,10 @@ def invert_perm(perm: Tensor) -> Tensor:
         >>> pma.invert_perm(torch.tensor([1, 0, 2])).tolist()
         [1, 0, 2]
     """
+    return _inverse(perm)
+
+
+def _inverse(perm: Tensor) -> Tensor:
     inv = torch.empty_like(perm)
     return inv.scatter_(0, perm.long(), torch.arange(perm.numel(), device=perm.device,
                                                       dtype=perm.dtype))
@@ -488,10 +492,8 @@ def _sorted_both(src: Tensor, dst: Tensor, num_src: int, num_dst: int, num_rows:
     # keys[1]: Inductor's CUDA searchsorted misreads a row at an offset.
     rowptr, colptr = _ptr(keys[0], num_rows), _ptr(src_key[order[1]], num_src)
     edge_perm = order[0].to(dtype)
-    # position[e]: the CSR position of edge e (the inverse of edge_perm)
-    position = torch.empty_like(edge_perm).scatter_(
-        0, order[0], torch.arange(edge_perm.numel(), device=src.device, dtype=dtype))
-    col, row, perm = src[order[0]], dst[order[1]], position[order[1]]
+    # the CSR position of each edge (edge_perm's inverse) at its CSC entry
+    col, row, perm = src[order[0]], dst[order[1]], _inverse(edge_perm)[order[1]]
     if kept is not None:
         rowptr, col, edge_perm = rowptr[:num_dst + 1], col[:kept], edge_perm[:kept]
         row, perm = row[:kept], perm[:kept]
