@@ -9,8 +9,12 @@
 // implementations.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/library.h>
+
+#include <array>
 
 namespace pyg_multihead_agg {
 namespace {
@@ -163,7 +167,44 @@ std::tuple<Tensor, Tensor> gat_attention_autograd(
 // the sources (the CSC's columns).
 using Quad = std::tuple<Tensor, Tensor, Tensor, Tensor>;
 
+// Gradient donation. A backward that returns new gradients of its [N, H, C]
+// inputs holds them beside those inputs, which it no longer needs once its
+// kernels have read them. Where nothing but this node reaches an input's
+// memory and the graph is freed after this backward, the kernels write the
+// gradient in its place (_transformer_attention_backward_into): a layer step
+// then holds no more [N, H, C] tensors during the backward than during the
+// forward. Eager only: traced backwards (torch.compile, functorch), other
+// dispatch modes, retain_graph and create_graph get new tensors.
+bool may_donate(const Tensor& t) {
+  constexpr auto traced = c10::DispatchKeySet(
+      {c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
+       c10::DispatchKey::Functionalize, c10::DispatchKey::FuncTorchBatched,
+       c10::DispatchKey::FuncTorchGradWrapper});
+  return (t.is_cpu() || t.is_cuda()) && t.layout() == at::kStrided &&
+         !t.key_set().has_any(traced);
+}
+
+bool donation_allowed(const Tensor& ref) {
+  return !at::GradMode::is_enabled() && !c10::impl::TorchDispatchModeTLS::any_modes_set() &&
+         !torch::autograd::get_current_graph_task_keep_graph() && may_donate(ref);
+}
+
+// Whether this backward alone reaches t's memory: no tensor, view or
+// storage handle but the `impls` TensorImpls this node keeps shares it. t
+// is a detached alias the node saved of an input (the saved variable and
+// `saved` hold that one TensorImpl) or one of the node's outputs (saved as a
+// detached copy, unpacked into a second TensorImpl of the same memory).
+// Neither TensorImpl ever reaches the caller, so a caller's tensor of that
+// memory (its Python object included) shows as one more.
+bool sole_owner(const Tensor& t, int64_t impls, at::IntArrayRef shape,
+                const at::ScalarType dtype) {
+  return t.defined() && may_donate(t) && t.is_contiguous() && t.sizes() == shape &&
+         t.scalar_type() == dtype && t.has_storage() && !t.is_view() &&
+         t.storage().use_count() == impls;
+}
+
 struct Gatv2Op {  // (x_l, x_r, e_feat?, att), negative_slope
+  static constexpr bool kDonates = false;
   static constexpr int kSource = 0;
   static constexpr int kGradOf[4] = {0, 1, 3, 2};  // grad_x_l, grad_x_r, grad_att, grad_e_feat
   static std::tuple<Tensor, Tensor> forward(const Tensor& rowptr, const Tensor& col,
@@ -202,6 +243,7 @@ struct Gatv2Op {  // (x_l, x_r, e_feat?, att), negative_slope
 };
 
 struct TransformerOp {  // (query, key, value, e_feat?), scale
+  static constexpr bool kDonates = true;
   static constexpr int kSource = 1;
   static constexpr int kGradOf[4] = {0, 1, 2, 3};  // grad_query, grad_key, grad_value, grad_e_feat
   static std::tuple<Tensor, Tensor> forward(const Tensor& rowptr, const Tensor& col,
@@ -237,6 +279,42 @@ struct TransformerOp {  // (query, key, value, e_feat?), scale
     return op.call(rowptr, col, colptr, row, perm, a, b, c, as_optional(d), out, lse, grad_out,
                    grad_lse, f, p, philox, bias, perm_inv);
   }
+  // The backward into buffers where the query, out (as the keys' gradient,
+  // when its shape is the keys') and value can be given up (donate), else
+  // the backward op. a, b, c: query, key, value.
+  static Quad backward_donating(const Tensor& rowptr, const Tensor& col, const Tensor& colptr,
+                                const Tensor& row, const Tensor& perm, const Tensor& a,
+                                const Tensor& b, const Tensor& c, const Tensor& d,
+                                const Tensor& out, const Tensor& lse, const Tensor& grad_out,
+                                const OptTensor& grad_lse, double f, double p,
+                                const OptTensor& philox, const OptTensor& bias,
+                                const OptTensor& perm_inv) {
+    const auto dtype = b.scalar_type();
+    const std::array<bool, 3> given = {sole_owner(a, 1, a.sizes(), dtype),
+                                       sole_owner(out, 2, b.sizes(), dtype),
+                                       sole_owner(c, 1, b.sizes(), dtype)};
+    if (!(given[0] || given[1] || given[2])) {
+      return backward(rowptr, col, colptr, row, perm, a, b, c, d, out, lse, grad_out, grad_lse, f,
+                      p, philox, bias, perm_inv);
+    }
+    const Tensor* own[3] = {&a, &out, &c};
+    Tensor into[3];
+    for (int k = 0; k < 3; ++k) {
+      into[k] = given[k] ? *own[k] : at::empty((k == 0 ? a : b).sizes(), b.options());
+    }
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("pyg_multihead_agg::_transformer_attention_backward_into", "")
+                         .typed<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                       const Tensor&, const Tensor&, const Tensor&,
+                                       const Tensor&, const OptTensor&, const Tensor&,
+                                       const Tensor&, const Tensor&, const OptTensor&, double,
+                                       double, const OptTensor&, const OptTensor&,
+                                       const OptTensor&, Tensor&, Tensor&, Tensor&)>();
+    Tensor grad_e = op.call(rowptr, col, colptr, row, perm, a, b, c, as_optional(d), out, lse,
+                            grad_out, grad_lse, f, p, philox, bias, perm_inv, into[0], into[1],
+                            into[2]);
+    return {into[0], into[1], into[2], grad_e};
+  }
 };
 
 template <class Op>
@@ -248,9 +326,12 @@ class ChannelAttention : public torch::autograd::Function<ChannelAttention<Op>> 
                                const OptTensor& philox, const OptTensor& colptr,
                                const OptTensor& row, const OptTensor& perm,
                                const OptTensor& bias, const OptTensor& perm_inv) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    auto [out, lse] = Op::forward(rowptr, col, a, b, c, d, factor, dropout_p, philox, colptr,
-                                  row, perm, bias, perm_inv);
+    Tensor out, lse;
+    {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      std::tie(out, lse) = Op::forward(rowptr, col, a, b, c, d, factor, dropout_p, philox,
+                                       colptr, row, perm, bias, perm_inv);
+    }
     // needs_input_grad counts the tensors given, in argument order: a..d's
     // slots (-1: not given), then the bias's.
     const auto given = [](const OptTensor& t) { return int64_t(t.has_value() && t->defined()); };
@@ -264,9 +345,16 @@ class ChannelAttention : public torch::autograd::Function<ChannelAttention<Op>> 
     ctx->saved_data["dropout_p"] = dropout_p;
     const OptTensor* source[4] = {&a, &b, &c, &d};
     ctx->saved_data["num_src"] = (*source[Op::kSource])->sym_size(0);
-    // out is the biased output, the one [N_dst, H, C] tensor kept.
-    ctx->save_for_backward({rowptr, col, defined_or_empty(a), defined_or_empty(b),
-                            defined_or_empty(c), defined_or_empty(d), defined_or_empty(philox),
+    // out is the biased output, the one [N_dst, H, C] tensor kept. The
+    // inputs a backward may write its gradients into are kept as detached
+    // aliases (same memory and version counter), which no caller ever sees:
+    // then only another tensor of their memory can hold it (sole_owner).
+    const auto keep = [](const OptTensor& t, int k) {
+      const Tensor v = defined_or_empty(t);
+      return Op::kDonates && (k == 0 || k == 2) && v.defined() ? v.detach() : v;
+    };
+    ctx->save_for_backward({rowptr, col, keep(a, 0), defined_or_empty(b), keep(c, 2),
+                            defined_or_empty(d), defined_or_empty(philox),
                             defined_or_empty(colptr), defined_or_empty(row),
                             defined_or_empty(perm), out, lse, defined_or_empty(bias),
                             defined_or_empty(perm_inv)});
@@ -297,11 +385,24 @@ class ChannelAttention : public torch::autograd::Function<ChannelAttention<Op>> 
       std::tie(colptr, row, perm) = csr_to_csc(rowptr, col, ctx->saved_data["num_src"].toSymInt());
       perm_inv = Tensor();  // only with the caller's CSC
     }
-    const auto gradients = Op::backward(
-        rowptr, col, colptr, row, perm, saved[2], saved[3], saved[4], saved[5], out, lse,
-        grad_out, as_optional(grad_lse), ctx->saved_data["factor"].toDouble(),
-        ctx->saved_data["dropout_p"].toDouble(), as_optional(philox), as_optional(bias),
-        as_optional(perm_inv));
+    const double factor = ctx->saved_data["factor"].toDouble();
+    const double dropout_p = ctx->saved_data["dropout_p"].toDouble();
+    Quad gradients;
+    if constexpr (Op::kDonates) {
+      if (donation_allowed(out)) {
+        // `saved` and `grad_out` are this frame's only other handles.
+        gradients = Op::backward_donating(
+            rowptr, col, colptr, row, perm, saved[2], saved[3], saved[4], saved[5], out, lse,
+            grad_out, as_optional(grad_lse), factor, dropout_p, as_optional(philox),
+            as_optional(bias), as_optional(perm_inv));
+      }
+    }
+    if (!std::get<0>(gradients).defined()) {
+      gradients = Op::backward(rowptr, col, colptr, row, perm, saved[2], saved[3], saved[4],
+                               saved[5], out, lse, grad_out, as_optional(grad_lse), factor,
+                               dropout_p, as_optional(philox), as_optional(bias),
+                               as_optional(perm_inv));
+    }
     const Tensor g[4] = {std::get<0>(gradients), std::get<1>(gradients), std::get<2>(gradients),
                          std::get<3>(gradients)};
     for (int k = 0; k < 4; ++k) {

@@ -3,10 +3,12 @@
 // pyg_multihead_agg/ops.py mirror them.
 #pragma once
 
+#include <ATen/MemoryOverlap.h>
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include <initializer_list>
 #include <optional>
 #include <utility>
 
@@ -379,6 +381,67 @@ inline GatShape check_transformer_attention_backward(
   check_attention_backward_extra(s, rowptr, colptr, row, perm, key, "key", out, lse, grad_out,
                                  grad_lse, perm_inv);
   return s;
+}
+
+// The gradient buffers of _transformer_attention_backward_into (grad_query
+// [N_dst, H, D], grad_key and grad_value [N_src, H, D]): contiguous, of
+// key's dtype and device, apart from each other and from every input, except
+// that each may be the very tensor whose memory its backward frees for it
+// (`own`: query, out and value), which the kernels read before they write a
+// gradient in its place.
+using NamedTensor = std::pair<const at::Tensor*, const char*>;
+inline void check_gradient_buffers(const GatShape& s, const at::Tensor& key,
+                                   std::initializer_list<NamedTensor> buffers,
+                                   std::initializer_list<NamedTensor> own,
+                                   std::initializer_list<NamedTensor> inputs) {
+  const int64_t rows[3] = {s.N_dst, s.N_src, s.N_src};
+  int b = 0;
+  for (const auto& [buf, name] : buffers) {
+    check_value(*buf, name, 3);
+    check_same_dtype(*buf, name, key, "key");
+    check_same_device(*buf, name, key, "key");
+    const int64_t n = rows[b];
+    TORCH_CHECK(buf->size(0) == n && buf->size(1) == s.H && buf->size(2) == s.D, name,
+                " must have shape [", n, ", ", s.H, ", ", s.D, "], got ", buf->sizes());
+    TORCH_CHECK(buf->is_contiguous(), name, " must be contiguous");
+    const NamedTensor mine = own.begin()[b];
+    auto apart = [&, buf = buf, name = name](const NamedTensor& other) {
+      if (!other.first->defined() || other.first == buf || !other.first->has_storage() ||
+          !buf->storage().is_alias_of(other.first->storage())) {
+        return;
+      }
+      // (memory the two share: exactly the same elements, or an error)
+      const auto status = at::get_overlap_status(*buf, *other.first);
+      const bool same = status == at::MemOverlapStatus::Full && other.first == mine.first;
+      TORCH_CHECK(same || status == at::MemOverlapStatus::No, name, " must not overlap ",
+                  other.second, other.first == mine.first ? " unless it is that very tensor" : "");
+    };
+    for (const auto& other : inputs) apart(other);
+    for (const auto& other : own) apart(other);
+    for (const auto& other : buffers) apart(other);
+    ++b;
+  }
+}
+
+inline void check_transformer_gradient_buffers(
+    const GatShape& s, const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
+    const at::Tensor& row, const at::Tensor& perm, const at::Tensor& query, const at::Tensor& key,
+    const at::Tensor& value, const std::optional<at::Tensor>& e_feat, const at::Tensor& out,
+    const at::Tensor& lse, const at::Tensor& grad_out, const std::optional<at::Tensor>& grad_lse,
+    const std::optional<at::Tensor>& philox, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& perm_inv, const at::Tensor& grad_query,
+    const at::Tensor& grad_key, const at::Tensor& grad_value) {
+  const at::Tensor none;
+  auto opt = [&](const std::optional<at::Tensor>& t) -> const at::Tensor& {
+    return t.has_value() ? *t : none;
+  };
+  check_gradient_buffers(
+      s, key, {{&grad_query, "grad_query"}, {&grad_key, "grad_key"}, {&grad_value, "grad_value"}},
+      {{&query, "query"}, {&out, "out"}, {&value, "value"}},
+      {{&rowptr, "rowptr"}, {&col, "col"}, {&colptr, "colptr"}, {&row, "row"}, {&perm, "perm"},
+       {&key, "key"}, {&opt(e_feat), "e_feat"}, {&lse, "lse"}, {&grad_out, "grad_out"},
+       {&opt(grad_lse), "grad_lse"}, {&opt(philox), "philox"}, {&opt(bias), "bias"},
+       {&opt(perm_inv), "perm_inv"}});
 }
 
 }  // namespace pyg_multihead_agg

@@ -132,6 +132,19 @@ TORCH_LIBRARY(pyg_multihead_agg, m) {
       "Tensor lse, Tensor grad_out, Tensor? grad_lse, float scale, float dropout_p, "
       "Tensor? philox, Tensor? bias=None, Tensor? perm_inv=None) -> "
       "(Tensor, Tensor, Tensor, Tensor)");
+  // The same backward into given buffers: grad_query [N_dst, H, C], grad_key
+  // and grad_value [N_src, H, C], contiguous; returns grad_e_feat. Each
+  // buffer may be the very tensor query, out or value (in that order): the
+  // kernels read every row of those before they write a gradient in its
+  // place. The autograd formula passes them where nothing else holds them
+  // and the graph is not retained, so that the backward allocates none of
+  // the three (csrc/autograd.cpp); any other overlap is an error.
+  m.def(
+      "_transformer_attention_backward_into(Tensor rowptr, Tensor col, Tensor colptr, "
+      "Tensor row, Tensor perm, Tensor query, Tensor key, Tensor value, Tensor? e_feat, "
+      "Tensor out, Tensor lse, Tensor grad_out, Tensor? grad_lse, float scale, float dropout_p, "
+      "Tensor? philox, Tensor? bias, Tensor? perm_inv, Tensor(a!) grad_query, "
+      "Tensor(b!) grad_key, Tensor(c!) grad_value) -> Tensor");
 
   // Private test hook: forces the CUDA kernel path `name` (value -1: back to
   // the launch heuristic) and returns the value it replaces; see

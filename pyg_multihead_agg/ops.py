@@ -643,4 +643,20 @@ def _(rowptr, col, colptr, row, perm, query, key, value, e_feat, out, lse, grad_
             key.new_empty(num_edges, key.size(1), key.size(2)))
 
 
+@torch.library.register_fake("pyg_multihead_agg::_transformer_attention_backward_into")
+def _(rowptr, col, colptr, row, perm, query, key, value, e_feat, out, lse, grad_out, grad_lse,
+      scale, dropout_p, philox, bias, perm_inv, grad_query, grad_key, grad_value):
+    # The backward of transformer_attention written into the three buffers
+    # (csrc/autograd.cpp's gradient donation); returns grad_e_feat.
+    _check_transformer(rowptr, col, query, key, value, e_feat, dropout_p, philox, bias)
+    _check_backward_graph(col, colptr, row, perm, perm_inv, out, grad_out)
+    for buf, name, ref in ((grad_query, "grad_query", query), (grad_key, "grad_key", key),
+                           (grad_value, "grad_value", value)):
+        torch._check(buf.shape == ref.shape and buf.dtype == ref.dtype,
+                     lambda name=name, ref=ref:
+                     f"{name} must have the shape and dtype of {ref.shape} {ref.dtype}")
+    num_edges = col.size(0) if e_feat is not None else 0
+    return key.new_empty(num_edges, key.size(1), key.size(2))
+
+
 _register_no_double_backward("transformer_attention")

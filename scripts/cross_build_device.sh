@@ -10,9 +10,11 @@
 # Afterwards a local CPU build must be restored (`pip install -e .`), unless
 # OUT_SO puts the .so elsewhere.
 # Env: MAX_JOBS (parallel nvcc processes, default nproc), NVCC_EXTRA (more
-# nvcc flags), REBUILD (the .cu files to compile, by path under csrc/cuda
-# without .cu, e.g. "spmm/entry attention/row_sum"; the other objects are
-# taken from OBJ_DIR as they are), OBJ_DIR (default $WORK/obj) and OUT_SO
+# nvcc flags), REBUILD (the sources to compile: .cu files by path under
+# csrc/cuda without .cu, e.g. "spmm/entry attention/row_sum", .cpp files by
+# path under csrc without .cpp, e.g. "autograd cpu/transformer_attention";
+# the other objects are taken from OBJ_DIR as they are), OBJ_DIR (default
+# $WORK/obj) and OUT_SO
 # (default the package's .so).
 set -euo pipefail
 VER="${1:-2.11.0}"
@@ -61,7 +63,8 @@ if [ ${#cu[@]} -gt 0 ]; then
 fi
 # The C++ sources (the CPU kernels, the schemas and the test hook's registry).
 for f in csrc/*.cpp csrc/cpu/*.cpp; do
-  [ "$REBUILD" = all ] || continue
+  name="${f#csrc/}"; name="${name%.cpp}"
+  [ "$REBUILD" = all ] || [[ " $REBUILD " == *" $name "* ]] || continue
   # shellcheck disable=SC2086
   g++ $CXXF $INC $DEF -c "$f" -o "$O/$(echo "${f#csrc/}" | tr / _ | sed 's/\.cpp$//').o"
 done

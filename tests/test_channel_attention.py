@@ -264,6 +264,25 @@ def test_non_contiguous_and_unaligned_inputs(op, device):
 
 
 @pytest.mark.parametrize("op,device", OP_DEVICES)
+def test_contiguous_inputs_at_odd_offsets(op, device):
+    """Contiguous tensors that start one element into their storage (rows
+    not 16-byte aligned): the CUDA kernels' vector loads get aligned copies."""
+    inp = make_inputs(op, CASES[0], torch.float32, device=device)
+
+    def shifted(t):
+        flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+        view = flat[1:].view(t.shape)
+        view.copy_(t)
+        assert view.is_contiguous() and view.data_ptr() % 16 != 0
+        return view
+
+    inp = inp.replace(**{name: shifted(t) for name, t in zip(
+        op.names, (inp.a, inp.b, inp.c), strict=True) if t.dim() == 3})
+    check_forward(inp, torch.float32)
+    check_backward(inp, torch.float32)
+
+
+@pytest.mark.parametrize("op,device", OP_DEVICES)
 def test_deterministic(op, device):
     """Two runs: bitwise the same outputs and gradients (no atomics)."""
     inp = make_inputs(op, CASES[4], torch.float32, device=device, with_bias=True)

@@ -105,18 +105,19 @@ std::tuple<at::Tensor, at::Tensor> transformer_attention_cpu(
   return {out, lse};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> transformer_attention_backward_cpu(
-    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
+// The backward, into the gradient buffers `into` (grad_query, grad_key,
+// grad_value; checked by the caller) when given: query is read in step 2,
+// out in step 1, value[j] only by source j's own step-2 task, before any of
+// them is written, so each buffer may be the tensor it replaces.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> transformer_backward(
+    const GatShape& s, const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
     const at::Tensor& row, const at::Tensor& perm, const at::Tensor& query,
     const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& e_feat,
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out,
     const std::optional<at::Tensor>& grad_lse, double scale, double dropout_p,
     const std::optional<at::Tensor>& philox, const std::optional<at::Tensor>& bias,
-    const std::optional<at::Tensor>& perm_inv) {
+    const at::Tensor* into) {
   // perm_inv is only checked: this kernel keeps the logit gradients by edge id.
-  const GatShape s = check_transformer_attention_backward(
-      rowptr, col, colptr, row, perm, query, key, value, e_feat, out, lse, grad_out, grad_lse,
-      dropout_p, philox, bias, perm_inv);
   TORCH_CHECK(key.device().is_cpu(), "key must be a CPU tensor for the CPU kernel");
   const int64_t N_dst = s.N_dst, N_src = s.N_src, E = s.E, H = s.H, D = s.D, HD = H * D;
   const bool has_edge = e_feat.has_value() && e_feat->defined();
@@ -132,9 +133,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> transformer_attention
   const cpu::Dropout dropout = cpu::make_dropout(dropout_p, philox);
 
   const auto acc_options = key.options().dtype(at::toOpMathType(key.scalar_type()));
-  auto grad_q = at::empty({N_dst, H, D}, key.options());
-  auto grad_k = at::empty({N_src, H, D}, key.options());
-  auto grad_v = at::empty({N_src, H, D}, key.options());
+  auto grad_q = into != nullptr ? into[0] : at::empty({N_dst, H, D}, key.options());
+  auto grad_k = into != nullptr ? into[1] : at::empty({N_src, H, D}, key.options());
+  auto grad_v = into != nullptr ? into[2] : at::empty({N_src, H, D}, key.options());
   // Zero-filled: an edge a malformed perm misses reads (and returns) 0.
   auto grad_ef = has_edge ? at::zeros({E, H, D}, key.options()) : at::empty({0, H, D}, key.options());
   auto gl = at::zeros({E, H}, acc_options);
@@ -240,11 +241,48 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> transformer_attention
   return {grad_q, grad_k, grad_v, grad_ef};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> transformer_attention_backward_cpu(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
+    const at::Tensor& row, const at::Tensor& perm, const at::Tensor& query,
+    const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& e_feat,
+    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out,
+    const std::optional<at::Tensor>& grad_lse, double scale, double dropout_p,
+    const std::optional<at::Tensor>& philox, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& perm_inv) {
+  const GatShape s = check_transformer_attention_backward(
+      rowptr, col, colptr, row, perm, query, key, value, e_feat, out, lse, grad_out, grad_lse,
+      dropout_p, philox, bias, perm_inv);
+  return transformer_backward(s, rowptr, col, colptr, row, perm, query, key, value, e_feat, out,
+                              lse, grad_out, grad_lse, scale, dropout_p, philox, bias, nullptr);
+}
+
+at::Tensor transformer_attention_backward_into_cpu(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
+    const at::Tensor& row, const at::Tensor& perm, const at::Tensor& query,
+    const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& e_feat,
+    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out,
+    const std::optional<at::Tensor>& grad_lse, double scale, double dropout_p,
+    const std::optional<at::Tensor>& philox, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& perm_inv, at::Tensor& grad_query, at::Tensor& grad_key,
+    at::Tensor& grad_value) {
+  const GatShape s = check_transformer_attention_backward(
+      rowptr, col, colptr, row, perm, query, key, value, e_feat, out, lse, grad_out, grad_lse,
+      dropout_p, philox, bias, perm_inv);
+  check_transformer_gradient_buffers(s, rowptr, col, colptr, row, perm, query, key, value,
+                                     e_feat, out, lse, grad_out, grad_lse, philox, bias,
+                                     perm_inv, grad_query, grad_key, grad_value);
+  const at::Tensor into[3] = {grad_query, grad_key, grad_value};
+  return std::get<3>(transformer_backward(s, rowptr, col, colptr, row, perm, query, key, value,
+                                          e_feat, out, lse, grad_out, grad_lse, scale, dropout_p,
+                                          philox, bias, into));
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(pyg_multihead_agg, CPU, m) {
   m.impl("transformer_attention", &transformer_attention_cpu);
   m.impl("transformer_attention_backward", &transformer_attention_backward_cpu);
+  m.impl("_transformer_attention_backward_into", &transformer_attention_backward_into_cpu);
 }
 
 }  // namespace pyg_multihead_agg

@@ -305,7 +305,11 @@ int64_t gatv2_padded_channels(int64_t D, std::initializer_list<const at::Tensor*
 at::Tensor pad_channels(const at::Tensor& t, int64_t Dp) {
   if (!t.defined()) return t;
   const int64_t D = t.size(-1);
-  if (Dp == D) return t.contiguous();
+  if (Dp == D) {
+    // (a contiguous tensor at an odd offset into its storage: an aligned copy)
+    auto c = t.contiguous();
+    return is_aligned(c.data_ptr(), 16) ? c : c.clone();
+  }
   auto sizes = t.sizes().vec();
   sizes.back() = Dp;
   auto padded = at::zeros(sizes, t.options());
@@ -498,24 +502,31 @@ std::tuple<at::Tensor, at::Tensor> transformer_attention_cuda(
       });
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> transformer_attention_backward_cuda(
-    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
+// The backward, into the gradient buffers `into` (grad_query, grad_key,
+// grad_value; checked by the caller) when given. Each may be the tensor it
+// replaces: the row terms read out before the CSC pass writes grad_key;
+// source j's group reads value[j] before it writes grad_value[j] (a sliced
+// column's sum is a later kernel); the CSC pass reads query before the
+// destination pass writes grad_query.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> transformer_backward(
+    const GatShape& s, const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
     const at::Tensor& row, const at::Tensor& perm, const at::Tensor& query,
     const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& e_feat,
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out,
     const std::optional<at::Tensor>& grad_lse, double scale, double dropout_p,
     const std::optional<at::Tensor>& philox, const std::optional<at::Tensor>& bias,
-    const std::optional<at::Tensor>& perm_inv) {
-  const auto s = check_transformer_attention_backward(
-      rowptr, col, colptr, row, perm, query, key, value, e_feat, out, lse, grad_out, grad_lse,
-      dropout_p, philox, bias, perm_inv);
+    const std::optional<at::Tensor>& perm_inv, const at::Tensor* into) {
   TORCH_CHECK(key.is_cuda(), "key must be a CUDA tensor for the CUDA kernel");
   const c10::cuda::CUDAGuard guard(key.device());
   const bool has_edge = e_feat.has_value() && e_feat->defined();
   const bool has_bias = bias.has_value() && bias->defined();
   if (s.E == 0 || s.H == 0 || s.N_dst == 0 || s.N_src == 0 || s.D == 0) {
-    return {at::zeros_like(query), at::zeros_like(key), at::zeros_like(value),
-            at::zeros({has_edge ? s.E : 0, s.H, s.D}, key.options())};
+    auto grad_ef = at::zeros({has_edge ? s.E : 0, s.H, s.D}, key.options());
+    if (into != nullptr) {
+      for (int k = 0; k < 3; ++k) into[k].zero_();
+      return {into[0], into[1], into[2], grad_ef};
+    }
+    return {at::zeros_like(query), at::zeros_like(key), at::zeros_like(value), grad_ef};
   }
   const auto acc_dtype = at::toOpMathType(key.scalar_type());
   const bool has_inv = perm_inv.has_value() && perm_inv->defined();
@@ -541,9 +552,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> transformer_attention
     // edge's logit gradient and (with e_feat) edge gradient when the CSC is
     // valid (a malformed one leaves them meaningless, never out of bounds:
     // docs/robustness.md).
-    auto gq = at::empty({s.N_dst, s.H, Dp}, key.options());
-    auto gk = at::empty({s.N_src, s.H, Dp}, key.options());
-    auto gv = at::empty({s.N_src, s.H, Dp}, key.options());
+    // A given buffer is written in place when the kernels can use it as it
+    // is (unpadded heads, 16-byte aligned), else copied into at the end.
+    auto buffer = [&](int k, int64_t rows) {
+      const bool direct = into != nullptr && Dp == s.D && is_aligned(into[k].data_ptr(), 16);
+      return direct ? into[k] : at::empty({rows, s.H, Dp}, key.options());
+    };
+    auto gq = buffer(0, s.N_dst), gk = buffer(1, s.N_src), gv = buffer(2, s.N_src);
     auto gef = has_edge ? at::empty({s.E, s.H, Dp}, key.options()) : at::Tensor();
     auto grad_z = at::empty({s.E, s.H}, key.options().dtype(acc_dtype));
     INDEX_SWITCH(rowptr.scalar_type(), "transformer_attention_backward", [&] {
@@ -567,7 +582,51 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> transformer_attention
     grad_v = crop_channels(gv, s.D);
     grad_ef = has_edge ? crop_channels(gef, s.D) : at::empty({0, s.H, s.D}, key.options());
   });
+  if (into != nullptr) {
+    const at::Tensor* grads[3] = {&grad_q, &grad_k, &grad_v};
+    for (int k = 0; k < 3; ++k) {
+      if (!grads[k]->is_same(into[k])) into[k].copy_(*grads[k]);
+    }
+    return {into[0], into[1], into[2], grad_ef};
+  }
   return {grad_q, grad_k, grad_v, grad_ef};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> transformer_attention_backward_cuda(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
+    const at::Tensor& row, const at::Tensor& perm, const at::Tensor& query,
+    const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& e_feat,
+    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out,
+    const std::optional<at::Tensor>& grad_lse, double scale, double dropout_p,
+    const std::optional<at::Tensor>& philox, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& perm_inv) {
+  const auto s = check_transformer_attention_backward(
+      rowptr, col, colptr, row, perm, query, key, value, e_feat, out, lse, grad_out, grad_lse,
+      dropout_p, philox, bias, perm_inv);
+  return transformer_backward(s, rowptr, col, colptr, row, perm, query, key, value, e_feat, out,
+                              lse, grad_out, grad_lse, scale, dropout_p, philox, bias, perm_inv,
+                              nullptr);
+}
+
+at::Tensor transformer_attention_backward_into_cuda(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
+    const at::Tensor& row, const at::Tensor& perm, const at::Tensor& query,
+    const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& e_feat,
+    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out,
+    const std::optional<at::Tensor>& grad_lse, double scale, double dropout_p,
+    const std::optional<at::Tensor>& philox, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& perm_inv, at::Tensor& grad_query, at::Tensor& grad_key,
+    at::Tensor& grad_value) {
+  const auto s = check_transformer_attention_backward(
+      rowptr, col, colptr, row, perm, query, key, value, e_feat, out, lse, grad_out, grad_lse,
+      dropout_p, philox, bias, perm_inv);
+  check_transformer_gradient_buffers(s, rowptr, col, colptr, row, perm, query, key, value,
+                                     e_feat, out, lse, grad_out, grad_lse, philox, bias,
+                                     perm_inv, grad_query, grad_key, grad_value);
+  const at::Tensor into[3] = {grad_query, grad_key, grad_value};
+  return std::get<3>(transformer_backward(s, rowptr, col, colptr, row, perm, query, key, value,
+                                          e_feat, out, lse, grad_out, grad_lse, scale, dropout_p,
+                                          philox, bias, perm_inv, into));
 }
 
 }  // namespace
@@ -579,6 +638,7 @@ TORCH_LIBRARY_IMPL(pyg_multihead_agg, CUDA, m) {
   m.impl("gatv2_attention_backward", &gatv2_attention_backward_cuda);
   m.impl("transformer_attention", &transformer_attention_cuda);
   m.impl("transformer_attention_backward", &transformer_attention_backward_cuda);
+  m.impl("_transformer_attention_backward_into", &transformer_attention_backward_into_cuda);
 }
 
 }  // namespace pyg_multihead_agg
