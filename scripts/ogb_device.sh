@@ -16,8 +16,9 @@
 #   full-gatv2     GATv2 4 x 64, ours and PyG's, eager
 #   full-compile   GAT 4 x 64, ours and PyG's, torch.compile(dynamic=True)
 #   full-bf16      GAT 4 x 64, ours and PyG's, --amp bf16
-#   full-narrow    GAT 2 x 16, ours and PyG's, eager (a width PyG may fit)
-#   minibatch      GAT 4 x 64 over NeighborLoader batches (15,10; 1024 seeds),
+#   full-narrow    GAT 2 x 16, ours and PyG's, eager (PyG's runs out of memory)
+#   full-fit       GAT 2 x 8, ours and PyG's, eager (a width PyG's fits)
+#   minibatch      GAT 4 x 64 over NeighborLoader batches (15,10,5; 1024 seeds),
 #                  ours and PyG's; without pyg-lib or torch-sparse it takes
 #                  torch-sparse's CPU operators built beforehand for this
 #                  machine (SAMPLER_SITE, default .device/sampler_site, from
@@ -40,7 +41,7 @@
 # Suggested calls (timeout_s 600 each):
 #   1. bash scripts/ogb_device.sh write,full-gat,full-gatv2
 #   2. bash scripts/ogb_device.sh full-compile,full-bf16,full-narrow
-#   3. bash scripts/ogb_device.sh minibatch
+#   3. bash scripts/ogb_device.sh write,full-fit,minibatch
 #
 # The extension: PREBUILT=1 uses a carried pyg_multihead_agg/_C.abi3.so
 # (scripts/cross_build_device.sh, carry: ["pyg_multihead_agg/_C.abi3.so"]);
@@ -57,7 +58,7 @@
 set -uo pipefail
 STEPS="${1:?usage: scripts/ogb_device.sh STEPS (write,full-gat,...; see the header)}"
 [ "$STEPS" = all ] && \
-  STEPS=write,full-gat,full-gatv2,full-compile,full-bf16,full-narrow,minibatch,summary
+  STEPS=write,full-gat,full-gatv2,full-compile,full-bf16,full-narrow,full-fit,minibatch,summary
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"; cd "$REPO"
 OUT="${OUT:-$REPO/gpu_out}"; mkdir -p "$OUT"
@@ -136,6 +137,10 @@ if has full-narrow; then
   full 50_gat_ours_2x16 ours --conv gat --heads 2 --hidden 16
   full 51_gat_pyg_2x16 pyg --conv gat --heads 2 --hidden 16
 fi
+if has full-fit; then
+  full 70_gat_ours_2x8 ours --conv gat --heads 2 --hidden 8
+  full 71_gat_pyg_2x8 pyg --conv gat --heads 2 --hidden 8
+fi
 if has minibatch; then
   sampler='from torch_geometric.typing import WITH_PYG_LIB as a, WITH_TORCH_SPARSE as b; exit(0 if a or b else 1)'
   # Without a sampler: torch-sparse's CPU operators (NeighborLoader samples
@@ -156,7 +161,7 @@ if has minibatch; then
   if "$PY" -c "$sampler" 2> /dev/null; then
     # Evaluation (full graph) after the last epoch only: the rows time the batches.
     for layer in ours pyg; do
-      row "60_minibatch_$layer" --layer "$layer" --fanout 15,10 --batch-size 1024 \
+      row "60_minibatch_$layer" --layer "$layer" --fanout 15,10,5 --batch-size 1024 \
         --num-workers "$WORKERS" --epochs "$MB_EPOCHS" --eval-every 0 --log-every 1
     done
   else
