@@ -316,14 +316,16 @@ def _counting_build(monkeypatch):
     return calls
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("loops", [None, 6])
 @pytest.mark.parametrize("need_csc", [False, True])
-def test_graph_of_edges_is_the_traced_conversion(loops, need_csc):
+def test_graph_of_edges_is_the_traced_conversion(loops, need_csc, device):
     """The operator's graph is prepare's traced one (no index check, a spare
-    row for the caller's self-loops), and opcheck passes (schema, fake
-    shapes and dtypes, no aliasing of the kept tensors)."""
+    row for the caller's self-loops; on CUDA with the CSC, perm_inv too, the
+    backward's faster write order), and opcheck passes (schema, fake shapes
+    and dtypes, no aliasing of the kept tensors)."""
     gen = torch.Generator().manual_seed(0)
-    edge_index = torch.randint(0, 6, (2, 20), generator=gen)
+    edge_index = torch.randint(0, 6, (2, 20), generator=gen).to(device)
     graphs._EDGES.clear()
     parts = torch.ops.pyg_multihead_agg._graph_of_edges(
         edge_index, 6, 6, -1 if loops is None else loops, need_csc)
@@ -331,6 +333,8 @@ def test_graph_of_edges_is_the_traced_conversion(loops, need_csc):
     if need_csc and want.csc is None:
         want = graphs._with_csc(want, edge_index, 6, False)
     expected = [want.rowptr, want.col, want.edge_perm] + (list(want.csc) if need_csc else [])
+    if need_csc and device == "cuda":
+        expected.append(pma.invert_perm(want.csc[2]))
     assert len(parts) == len(expected)
     for got, ref in zip(parts, expected, strict=True):
         assert torch.equal(got, ref)

@@ -6,6 +6,8 @@ node, float32), and the step's peak memory above its inputs.
 
     python tools/profile_layer.py --device cuda --shapes products-like,reddit-like \
         --conv transformer --variants fused
+    python tools/profile_layer.py --device cuda --shapes products-like --conv gat \
+        --input edge_index --variants fused,compiled
 
 Prints one Markdown table per (shape, variant): the kernels by total CUDA
 time over the profiled steps, and the step's wall time.
@@ -72,23 +74,35 @@ def main() -> None:
     parser.add_argument("--autocast", choices=["bfloat16", "float16"], default=None,
                         help="run the step under torch.autocast to this dtype")
     parser.add_argument("--variants", default="fused,unfused",
-                        help="comma list of fused, unfused")
+                        help="comma list of fused, unfused, compiled (the fused layer under "
+                        "torch.compile(dynamic=False))")
+    parser.add_argument("--input", choices=["csr", "edge_index"], default="csr",
+                        help="the adjacency the layer gets: a sparse CSR tensor, or a plain "
+                        "edge_index (whose prepared graph the layer caches in eager mode)")
     args = parser.parse_args()
     device = torch.device(args.device)
     for shape in args.shapes.split(","):
         g = make_graph(shape, device=device, self_loops=True)
         n = g.num_nodes
-        adj = torch.sparse_csr_tensor(g.rowptr, g.col, torch.ones(g.num_edges, device=device),
-                                      (n, n), check_invariants=False)
+        if args.input == "csr":
+            adj = torch.sparse_csr_tensor(g.rowptr, g.col, torch.ones(g.num_edges, device=device),
+                                          (n, n), check_invariants=False)
+        else:
+            dst = torch.repeat_interleave(torch.arange(n, device=device), g.rowptr.diff())
+            adj = torch.stack([g.col.long(), dst])
         x = torch.randn(n, IN_CHANNELS, device=device)
         grad = torch.randn(n, g.heads * g.channels, device=device)
-        for fused in [v == "fused" for v in args.variants.split(",")]:
+        names = {"fused": "fused attention", "unfused": "unfused (PyG softmax + multihead_spmm)",
+                 "compiled": "fused attention, torch.compile"}
+        for variant in args.variants.split(","):
             torch.manual_seed(0)
             conv = getattr(ours, CONVS[args.conv])
             kwargs = {} if args.conv == "transformer" else {"add_self_loops": False}
-            layer = conv(IN_CHANNELS, g.channels, heads=g.heads, fused_attention=fused,
-                         **kwargs).to(device)
-            name = "fused attention" if fused else "unfused (PyG softmax + multihead_spmm)"
+            layer = conv(IN_CHANNELS, g.channels, heads=g.heads,
+                         fused_attention=variant != "unfused", **kwargs).to(device)
+            if variant == "compiled":
+                layer = torch.compile(layer, dynamic=False)
+            name = f"{names[variant]}, {args.input}"
             autocast = getattr(torch, args.autocast) if args.autocast else None
             profile_step(layer, x, adj, grad, args.steps, args.top,
                          f"{g!r}: {CONVS[args.conv]}, {name}"
