@@ -517,8 +517,15 @@ def assert_compiled_matches_eager(case, kind, graph_of, layers_of, fused_ops):
     out, grads = run(compiled, case, adj, x, x_dst, edge_attr)
     assert set(fused_ops) <= events
     assert rel_error(out, eager_out) <= 1e-5
+    scale = max(grad.norm() for grad in eager_grads.values())
     for name, grad in eager_grads.items():
-        assert rel_error(grads[name], grad) <= 1e-5, name
+        if grad.norm() <= 1e-5 * scale:
+            # zero but for rounding (TransformerConv's key bias: the softmax
+            # of a row ignores a score added to all its entries), which
+            # depends on the order of the sums
+            assert grads[name].norm() <= 1e-5 * scale, name
+        else:
+            assert rel_error(grads[name], grad) <= 1e-5, name
     with torch.no_grad():
         out = compiled(x, adj, edge_attr)
     assert rel_error(out, eager_out) <= 1e-5
