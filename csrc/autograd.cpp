@@ -347,11 +347,12 @@ class ChannelAttention : public torch::autograd::Function<ChannelAttention<Op>> 
     ctx->saved_data["num_src"] = (*source[Op::kSource])->sym_size(0);
     // out is the biased output, the one [N_dst, H, C] tensor kept. The
     // inputs a backward may write its gradients into are kept as detached
-    // aliases (same memory and version counter), which no caller ever sees:
-    // then only another tensor of their memory can hold it (sole_owner).
+    // aliases (tensor_data: same memory and version counter, no dispatched
+    // op), which no caller ever sees: then only another tensor of their
+    // memory can hold it (sole_owner).
     const auto keep = [](const OptTensor& t, int k) {
       const Tensor v = defined_or_empty(t);
-      return Op::kDonates && (k == 0 || k == 2) && v.defined() ? v.detach() : v;
+      return Op::kDonates && (k == 0 || k == 2) && v.defined() ? v.tensor_data() : v;
     };
     ctx->save_for_backward({rowptr, col, keep(a, 0), defined_or_empty(b), keep(c, 2),
                             defined_or_empty(d), defined_or_empty(philox),

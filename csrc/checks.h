@@ -10,6 +10,7 @@
 
 #include <initializer_list>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 namespace pyg_multihead_agg {
@@ -442,6 +443,56 @@ inline void check_transformer_gradient_buffers(
        {&key, "key"}, {&opt(e_feat), "e_feat"}, {&lse, "lse"}, {&grad_out, "grad_out"},
        {&opt(grad_lse), "grad_lse"}, {&opt(philox), "philox"}, {&opt(bias), "bias"},
        {&opt(perm_inv), "perm_inv"}});
+}
+
+// The two entry points of transformer_attention's backward on a device, over
+// its Backward(s, <the op's arguments>, into): the checks, then the gradients
+// into new tensors (into: nullptr) or into the given buffers (grad_query,
+// grad_key, grad_value), of which _transformer_attention_backward_into
+// returns grad_e_feat.
+using Grads4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using OptionalTensor = std::optional<at::Tensor>;
+using TransformerBackward = Grads4 (*)(
+    const GatShape&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+    const OptionalTensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+    const OptionalTensor&, double, double, const OptionalTensor&, const OptionalTensor&,
+    const OptionalTensor&, const at::Tensor*);
+
+template <TransformerBackward Backward>
+Grads4 transformer_backward_entry(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
+    const at::Tensor& row, const at::Tensor& perm, const at::Tensor& query,
+    const at::Tensor& key, const at::Tensor& value, const OptionalTensor& e_feat,
+    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out,
+    const OptionalTensor& grad_lse, double scale, double dropout_p, const OptionalTensor& philox,
+    const OptionalTensor& bias, const OptionalTensor& perm_inv) {
+  const GatShape s = check_transformer_attention_backward(
+      rowptr, col, colptr, row, perm, query, key, value, e_feat, out, lse, grad_out, grad_lse,
+      dropout_p, philox, bias, perm_inv);
+  return Backward(s, rowptr, col, colptr, row, perm, query, key, value, e_feat, out, lse,
+                  grad_out, grad_lse, scale, dropout_p, philox, bias, perm_inv, nullptr);
+}
+
+template <TransformerBackward Backward>
+at::Tensor transformer_backward_into_entry(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
+    const at::Tensor& row, const at::Tensor& perm, const at::Tensor& query,
+    const at::Tensor& key, const at::Tensor& value, const OptionalTensor& e_feat,
+    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out,
+    const OptionalTensor& grad_lse, double scale, double dropout_p, const OptionalTensor& philox,
+    const OptionalTensor& bias, const OptionalTensor& perm_inv, at::Tensor& grad_query,
+    at::Tensor& grad_key, at::Tensor& grad_value) {
+  const GatShape s = check_transformer_attention_backward(
+      rowptr, col, colptr, row, perm, query, key, value, e_feat, out, lse, grad_out, grad_lse,
+      dropout_p, philox, bias, perm_inv);
+  check_transformer_gradient_buffers(s, rowptr, col, colptr, row, perm, query, key, value,
+                                     e_feat, out, lse, grad_out, grad_lse, philox, bias,
+                                     perm_inv, grad_query, grad_key, grad_value);
+  const at::Tensor into[3] = {grad_query, grad_key, grad_value};
+  return std::get<3>(Backward(s, rowptr, col, colptr, row, perm, query, key, value, e_feat, out,
+                              lse, grad_out, grad_lse, scale, dropout_p, philox, bias, perm_inv,
+                              into));
 }
 
 }  // namespace pyg_multihead_agg

@@ -17,7 +17,7 @@
 #   full-compile   GAT 4 x 64, ours and PyG's, torch.compile(dynamic=True)
 #   full-bf16      GAT 4 x 64, ours and PyG's, --amp bf16
 #   full-narrow    GAT 2 x 16, ours and PyG's, eager (PyG's runs out of memory)
-#   full-fit       GAT 2 x 8, ours and PyG's, eager (a width PyG's fits)
+#   full-fit       GAT 2 x 8, ours and PyG's, eager and compiled (a width PyG's fits)
 #   minibatch      GAT 4 x 64 over NeighborLoader batches (15,10,5; 1024 seeds),
 #                  ours and PyG's; without pyg-lib or torch-sparse it takes
 #                  torch-sparse's CPU operators built beforehand for this
@@ -140,6 +140,8 @@ fi
 if has full-fit; then
   full 70_gat_ours_2x8 ours --conv gat --heads 2 --hidden 8
   full 71_gat_pyg_2x8 pyg --conv gat --heads 2 --hidden 8
+  full 72_gat_ours_2x8_compile ours --conv gat --heads 2 --hidden 8 --compile
+  full 73_gat_pyg_2x8_compile pyg --conv gat --heads 2 --hidden 8 --compile
 fi
 if has minibatch; then
   sampler='from torch_geometric.typing import WITH_PYG_LIB as a, WITH_TORCH_SPARSE as b; exit(0 if a or b else 1)'

@@ -116,7 +116,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> transformer_backward(
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out,
     const std::optional<at::Tensor>& grad_lse, double scale, double dropout_p,
     const std::optional<at::Tensor>& philox, const std::optional<at::Tensor>& bias,
-    const at::Tensor* into) {
+    const std::optional<at::Tensor>& /*perm_inv*/, const at::Tensor* into) {
   // perm_inv is only checked: this kernel keeps the logit gradients by edge id.
   TORCH_CHECK(key.device().is_cpu(), "key must be a CPU tensor for the CPU kernel");
   const int64_t N_dst = s.N_dst, N_src = s.N_src, E = s.E, H = s.H, D = s.D, HD = H * D;
@@ -241,48 +241,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> transformer_backward(
   return {grad_q, grad_k, grad_v, grad_ef};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> transformer_attention_backward_cpu(
-    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
-    const at::Tensor& row, const at::Tensor& perm, const at::Tensor& query,
-    const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& e_feat,
-    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out,
-    const std::optional<at::Tensor>& grad_lse, double scale, double dropout_p,
-    const std::optional<at::Tensor>& philox, const std::optional<at::Tensor>& bias,
-    const std::optional<at::Tensor>& perm_inv) {
-  const GatShape s = check_transformer_attention_backward(
-      rowptr, col, colptr, row, perm, query, key, value, e_feat, out, lse, grad_out, grad_lse,
-      dropout_p, philox, bias, perm_inv);
-  return transformer_backward(s, rowptr, col, colptr, row, perm, query, key, value, e_feat, out,
-                              lse, grad_out, grad_lse, scale, dropout_p, philox, bias, nullptr);
-}
-
-at::Tensor transformer_attention_backward_into_cpu(
-    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
-    const at::Tensor& row, const at::Tensor& perm, const at::Tensor& query,
-    const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& e_feat,
-    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out,
-    const std::optional<at::Tensor>& grad_lse, double scale, double dropout_p,
-    const std::optional<at::Tensor>& philox, const std::optional<at::Tensor>& bias,
-    const std::optional<at::Tensor>& perm_inv, at::Tensor& grad_query, at::Tensor& grad_key,
-    at::Tensor& grad_value) {
-  const GatShape s = check_transformer_attention_backward(
-      rowptr, col, colptr, row, perm, query, key, value, e_feat, out, lse, grad_out, grad_lse,
-      dropout_p, philox, bias, perm_inv);
-  check_transformer_gradient_buffers(s, rowptr, col, colptr, row, perm, query, key, value,
-                                     e_feat, out, lse, grad_out, grad_lse, philox, bias,
-                                     perm_inv, grad_query, grad_key, grad_value);
-  const at::Tensor into[3] = {grad_query, grad_key, grad_value};
-  return std::get<3>(transformer_backward(s, rowptr, col, colptr, row, perm, query, key, value,
-                                          e_feat, out, lse, grad_out, grad_lse, scale, dropout_p,
-                                          philox, bias, into));
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(pyg_multihead_agg, CPU, m) {
   m.impl("transformer_attention", &transformer_attention_cpu);
-  m.impl("transformer_attention_backward", &transformer_attention_backward_cpu);
-  m.impl("_transformer_attention_backward_into", &transformer_attention_backward_into_cpu);
+  m.impl("transformer_attention_backward", &transformer_backward_entry<&transformer_backward>);
+  m.impl("_transformer_attention_backward_into",
+         &transformer_backward_into_entry<&transformer_backward>);
 }
 
 }  // namespace pyg_multihead_agg

@@ -592,43 +592,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> transformer_backward(
   return {grad_q, grad_k, grad_v, grad_ef};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> transformer_attention_backward_cuda(
-    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
-    const at::Tensor& row, const at::Tensor& perm, const at::Tensor& query,
-    const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& e_feat,
-    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out,
-    const std::optional<at::Tensor>& grad_lse, double scale, double dropout_p,
-    const std::optional<at::Tensor>& philox, const std::optional<at::Tensor>& bias,
-    const std::optional<at::Tensor>& perm_inv) {
-  const auto s = check_transformer_attention_backward(
-      rowptr, col, colptr, row, perm, query, key, value, e_feat, out, lse, grad_out, grad_lse,
-      dropout_p, philox, bias, perm_inv);
-  return transformer_backward(s, rowptr, col, colptr, row, perm, query, key, value, e_feat, out,
-                              lse, grad_out, grad_lse, scale, dropout_p, philox, bias, perm_inv,
-                              nullptr);
-}
-
-at::Tensor transformer_attention_backward_into_cuda(
-    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
-    const at::Tensor& row, const at::Tensor& perm, const at::Tensor& query,
-    const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& e_feat,
-    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out,
-    const std::optional<at::Tensor>& grad_lse, double scale, double dropout_p,
-    const std::optional<at::Tensor>& philox, const std::optional<at::Tensor>& bias,
-    const std::optional<at::Tensor>& perm_inv, at::Tensor& grad_query, at::Tensor& grad_key,
-    at::Tensor& grad_value) {
-  const auto s = check_transformer_attention_backward(
-      rowptr, col, colptr, row, perm, query, key, value, e_feat, out, lse, grad_out, grad_lse,
-      dropout_p, philox, bias, perm_inv);
-  check_transformer_gradient_buffers(s, rowptr, col, colptr, row, perm, query, key, value,
-                                     e_feat, out, lse, grad_out, grad_lse, philox, bias,
-                                     perm_inv, grad_query, grad_key, grad_value);
-  const at::Tensor into[3] = {grad_query, grad_key, grad_value};
-  return std::get<3>(transformer_backward(s, rowptr, col, colptr, row, perm, query, key, value,
-                                          e_feat, out, lse, grad_out, grad_lse, scale, dropout_p,
-                                          philox, bias, perm_inv, into));
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(pyg_multihead_agg, CUDA, m) {
@@ -637,8 +600,9 @@ TORCH_LIBRARY_IMPL(pyg_multihead_agg, CUDA, m) {
   m.impl("gatv2_attention", &gatv2_attention_cuda);
   m.impl("gatv2_attention_backward", &gatv2_attention_backward_cuda);
   m.impl("transformer_attention", &transformer_attention_cuda);
-  m.impl("transformer_attention_backward", &transformer_attention_backward_cuda);
-  m.impl("_transformer_attention_backward_into", &transformer_attention_backward_into_cuda);
+  m.impl("transformer_attention_backward", &transformer_backward_entry<&transformer_backward>);
+  m.impl("_transformer_attention_backward_into",
+         &transformer_backward_into_entry<&transformer_backward>);
 }
 
 }  // namespace pyg_multihead_agg
