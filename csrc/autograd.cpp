@@ -391,7 +391,6 @@ class ChannelAttention : public torch::autograd::Function<ChannelAttention<Op>> 
     Quad gradients;
     if constexpr (Op::kDonates) {
       if (donation_allowed(out)) {
-        // `saved` and `grad_out` are this frame's only other handles.
         gradients = Op::backward_donating(
             rowptr, col, colptr, row, perm, saved[2], saved[3], saved[4], saved[5], out, lse,
             grad_out, as_optional(grad_lse), factor, dropout_p, as_optional(philox),

@@ -261,3 +261,25 @@ def test_transformer_conv_step_memory_cuda():
     tensor = n * heads * channels * 4
     saved = peak(True) - peak(False)
     assert saved >= 2 * tensor, (saved, tensor)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_into_writes_every_row(device):
+    """Empty destination rows and sources without edges: every row of the
+    NaN-poisoned buffers is written (zeros where no edge reaches it)."""
+    rowptr = torch.tensor([0, 2, 2, 3, 3, 4, 4], device=device)
+    col = torch.tensor([0, 0, 2, 0], device=device)  # sources 1, 3, 4, 5: no edges
+    n = rowptr.numel() - 1
+    colptr, row, perm = csr_to_csc(rowptr, col, n)
+    q, k, v, grad_out = (torch.randn(n, H, C, dtype=torch.float64, device=device)
+                         for _ in range(4))
+    out, lse = transformer_attention(rowptr, col, q, k, v)
+    args = [rowptr, col, colptr, row, perm, q, k, v, None, out, lse, grad_out, None,
+            C ** -0.5, 0.0, None, None, None]
+    expected = ops.transformer_attention_backward(*args)
+    bufs = [torch.full((n, H, C), float("nan"), dtype=torch.float64, device=device)
+            for _ in range(3)]
+    ops._transformer_attention_backward_into(*args, *bufs)
+    for a, b in zip(bufs, expected[:3], strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(bufs[1][1], torch.zeros(H, C, dtype=torch.float64, device=device))
