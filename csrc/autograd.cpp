@@ -184,7 +184,8 @@ using Quad = std::tuple<Tensor, Tensor, Tensor, Tensor>;
 // inputs holds them beside those inputs, which it no longer needs once its
 // kernels have read them. Where nothing but this node reaches an input's
 // memory and the graph is freed after this backward, the kernels write the
-// gradient in its place (_transformer_attention_backward_into): a layer step
+// gradient in its place (_transformer_attention_backward_into,
+// _gatv2_attention_backward_into): a layer step
 // then holds no more [N, H, C] tensors during the backward than during the
 // forward. Eager only: traced backwards (torch.compile, functorch), other
 // dispatch modes, retain_graph and create_graph get new tensors.
@@ -217,7 +218,7 @@ bool sole_owner(const Tensor& t, int64_t impls, at::IntArrayRef shape,
 }
 
 struct Gatv2Op {  // (x_l, x_r, e_feat?, att), negative_slope
-  static constexpr bool kDonates = false;
+  static constexpr bool kAlias[4] = {false, true, false, false};  // x_r may take grad_x_r
   static constexpr int kSource = 0;
   static constexpr int kGradOf[4] = {0, 1, 3, 2};  // grad_x_l, grad_x_r, grad_att, grad_e_feat
   static std::tuple<Tensor, Tensor> forward(const Tensor& rowptr, const Tensor& col,
@@ -253,10 +254,41 @@ struct Gatv2Op {  // (x_l, x_r, e_feat?, att), negative_slope
     return op.call(rowptr, col, colptr, row, perm, a, b, as_optional(c), d, out, lse, grad_out,
                    grad_lse, f, p, philox, bias, perm_inv);
   }
+  // The backward into buffers where out (as grad_x_l's, when its shape is
+  // x_l's) and x_r can be given up, else the backward op. a, b: x_l, x_r.
+  static Quad backward_donating(const Tensor& rowptr, const Tensor& col, const Tensor& colptr,
+                                const Tensor& row, const Tensor& perm, const Tensor& a,
+                                const Tensor& b, const Tensor& c, const Tensor& d,
+                                const Tensor& out, const Tensor& lse, const Tensor& grad_out,
+                                const OptTensor& grad_lse, double f, double p,
+                                const OptTensor& philox, const OptTensor& bias,
+                                const OptTensor& perm_inv) {
+    const auto dtype = a.scalar_type();
+    const bool given[2] = {sole_owner(out, 2, a.sizes(), dtype),
+                           sole_owner(b, 1, b.sizes(), dtype)};
+    if (!(given[0] || given[1])) {
+      return backward(rowptr, col, colptr, row, perm, a, b, c, d, out, lse, grad_out, grad_lse, f,
+                      p, philox, bias, perm_inv);
+    }
+    Tensor grad_x_l = given[0] ? out : at::empty(a.sizes(), a.options());
+    Tensor grad_x_r = given[1] ? b : at::empty(b.sizes(), b.options());
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("pyg_multihead_agg::_gatv2_attention_backward_into", "")
+                         .typed<std::tuple<Tensor, Tensor>(
+                             const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                             const Tensor&, const Tensor&, const Tensor&, const OptTensor&,
+                             const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                             const OptTensor&, double, double, const OptTensor&,
+                             const OptTensor&, const OptTensor&, Tensor&, Tensor&)>();
+    auto [grad_att, grad_e] = op.call(rowptr, col, colptr, row, perm, a, b, as_optional(c), d,
+                                      out, lse, grad_out, grad_lse, f, p, philox, bias, perm_inv,
+                                      grad_x_l, grad_x_r);
+    return {grad_x_l, grad_x_r, grad_att, grad_e};
+  }
 };
 
 struct TransformerOp {  // (query, key, value, e_feat?), scale
-  static constexpr bool kDonates = true;
+  static constexpr bool kAlias[4] = {true, false, true, false};  // query, value
   static constexpr int kSource = 1;
   static constexpr int kGradOf[4] = {0, 1, 2, 3};  // grad_query, grad_key, grad_value, grad_e_feat
   static std::tuple<Tensor, Tensor> forward(const Tensor& rowptr, const Tensor& col,
@@ -365,10 +397,10 @@ class ChannelAttention : public torch::autograd::Function<ChannelAttention<Op>> 
     // memory can hold it (sole_owner).
     const auto keep = [](const OptTensor& t, int k) {
       const Tensor v = defined_or_empty(t);
-      return Op::kDonates && (k == 0 || k == 2) && v.defined() ? v.tensor_data() : v;
+      return Op::kAlias[k] && v.defined() ? v.tensor_data() : v;
     };
-    ctx->save_for_backward({rowptr, col, keep(a, 0), defined_or_empty(b), keep(c, 2),
-                            defined_or_empty(d), defined_or_empty(philox),
+    ctx->save_for_backward({rowptr, col, keep(a, 0), keep(b, 1), keep(c, 2), keep(d, 3),
+                            defined_or_empty(philox),
                             defined_or_empty(colptr), defined_or_empty(row),
                             defined_or_empty(perm), out, lse, defined_or_empty(bias),
                             defined_or_empty(perm_inv)});
@@ -402,13 +434,11 @@ class ChannelAttention : public torch::autograd::Function<ChannelAttention<Op>> 
     const double factor = ctx->saved_data["factor"].toDouble();
     const double dropout_p = ctx->saved_data["dropout_p"].toDouble();
     const Quad gradients = call_below_autograd([&]() -> Quad {
-      if constexpr (Op::kDonates) {
-        if (donation_allowed(out)) {
-          return Op::backward_donating(
-              rowptr, col, colptr, row, perm, saved[2], saved[3], saved[4], saved[5], out, lse,
-              grad_out, as_optional(grad_lse), factor, dropout_p, as_optional(philox),
-              as_optional(bias), as_optional(perm_inv));
-        }
+      if (donation_allowed(out)) {
+        return Op::backward_donating(
+            rowptr, col, colptr, row, perm, saved[2], saved[3], saved[4], saved[5], out, lse,
+            grad_out, as_optional(grad_lse), factor, dropout_p, as_optional(philox),
+            as_optional(bias), as_optional(perm_inv));
       }
       return Op::backward(rowptr, col, colptr, row, perm, saved[2], saved[3], saved[4], saved[5],
                           out, lse, grad_out, as_optional(grad_lse), factor, dropout_p,

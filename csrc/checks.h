@@ -384,43 +384,42 @@ inline GatShape check_transformer_attention_backward(
   return s;
 }
 
-// The gradient buffers of _transformer_attention_backward_into (grad_query
-// [N_dst, H, D], grad_key and grad_value [N_src, H, D]): contiguous, of
-// key's dtype and device, apart from each other and from every input, except
-// that each may be the very tensor whose memory its backward frees for it
-// (`own`: query, out and value), which the kernels read before they write a
-// gradient in its place.
+// The gradient buffers of the _<op>_backward_into ops: each contiguous, of
+// `ref`'s dtype and device, [rows, H, D], apart from each other and from
+// every input, except that each may be the very tensor whose memory its
+// backward frees for it (`own`, an input), which the kernels read before
+// they write a gradient in its place.
 using NamedTensor = std::pair<const at::Tensor*, const char*>;
-inline void check_gradient_buffers(const GatShape& s, const at::Tensor& key,
-                                   std::initializer_list<NamedTensor> buffers,
-                                   std::initializer_list<NamedTensor> own,
+struct GradientBuffer {
+  const at::Tensor* buf;
+  const char* name;
+  int64_t rows;
+  const at::Tensor* own;
+};
+inline void check_gradient_buffers(const GatShape& s, const at::Tensor& ref, const char* ref_name,
+                                   std::initializer_list<GradientBuffer> buffers,
                                    std::initializer_list<NamedTensor> inputs) {
-  const int64_t rows[3] = {s.N_dst, s.N_src, s.N_src};
-  int b = 0;
-  for (const auto& [buf, name] : buffers) {
-    check_value(*buf, name, 3);
-    check_same_dtype(*buf, name, key, "key");
-    check_same_device(*buf, name, key, "key");
-    const int64_t n = rows[b];
-    TORCH_CHECK(buf->size(0) == n && buf->size(1) == s.H && buf->size(2) == s.D, name,
-                " must have shape [", n, ", ", s.H, ", ", s.D, "], got ", buf->sizes());
-    TORCH_CHECK(buf->is_contiguous(), name, " must be contiguous");
-    const NamedTensor mine = own.begin()[b];
-    auto apart = [&, buf = buf, name = name](const NamedTensor& other) {
-      if (!other.first->defined() || other.first == buf || !other.first->has_storage() ||
-          !buf->storage().is_alias_of(other.first->storage())) {
+  for (const GradientBuffer& b : buffers) {
+    check_value(*b.buf, b.name, 3);
+    check_same_dtype(*b.buf, b.name, ref, ref_name);
+    check_same_device(*b.buf, b.name, ref, ref_name);
+    TORCH_CHECK(b.buf->size(0) == b.rows && b.buf->size(1) == s.H && b.buf->size(2) == s.D,
+                b.name, " must have shape [", b.rows, ", ", s.H, ", ", s.D, "], got ",
+                b.buf->sizes());
+    TORCH_CHECK(b.buf->is_contiguous(), b.name, " must be contiguous");
+    auto apart = [&](const at::Tensor& other, const char* other_name, bool own) {
+      if (!other.defined() || &other == b.buf || !other.has_storage() ||
+          !b.buf->storage().is_alias_of(other.storage())) {
         return;
       }
       // (memory the two share: exactly the same elements, or an error)
-      const auto status = at::get_overlap_status(*buf, *other.first);
-      const bool same = status == at::MemOverlapStatus::Full && other.first == mine.first;
-      TORCH_CHECK(same || status == at::MemOverlapStatus::No, name, " must not overlap ",
-                  other.second, other.first == mine.first ? " unless it is that very tensor" : "");
+      const auto status = at::get_overlap_status(*b.buf, other);
+      TORCH_CHECK((own && status == at::MemOverlapStatus::Full) ||
+                      status == at::MemOverlapStatus::No,
+                  b.name, " must not overlap ", other_name, own ? " unless it is that very tensor" : "");
     };
-    for (const auto& other : inputs) apart(other);
-    for (const auto& other : own) apart(other);
-    for (const auto& other : buffers) apart(other);
-    ++b;
+    for (const auto& [t, name] : inputs) apart(*t, name, t == b.own);
+    for (const GradientBuffer& other : buffers) apart(*other.buf, other.name, false);
   }
 }
 
@@ -437,12 +436,13 @@ inline void check_transformer_gradient_buffers(
     return t.has_value() ? *t : none;
   };
   check_gradient_buffers(
-      s, key, {{&grad_query, "grad_query"}, {&grad_key, "grad_key"}, {&grad_value, "grad_value"}},
-      {{&query, "query"}, {&out, "out"}, {&value, "value"}},
+      s, key, "key",
+      {{&grad_query, "grad_query", s.N_dst, &query}, {&grad_key, "grad_key", s.N_src, &out},
+       {&grad_value, "grad_value", s.N_src, &value}},
       {{&rowptr, "rowptr"}, {&col, "col"}, {&colptr, "colptr"}, {&row, "row"}, {&perm, "perm"},
-       {&key, "key"}, {&opt(e_feat), "e_feat"}, {&lse, "lse"}, {&grad_out, "grad_out"},
-       {&opt(grad_lse), "grad_lse"}, {&opt(philox), "philox"}, {&opt(bias), "bias"},
-       {&opt(perm_inv), "perm_inv"}});
+       {&query, "query"}, {&key, "key"}, {&value, "value"}, {&opt(e_feat), "e_feat"},
+       {&out, "out"}, {&lse, "lse"}, {&grad_out, "grad_out"}, {&opt(grad_lse), "grad_lse"},
+       {&opt(philox), "philox"}, {&opt(bias), "bias"}, {&opt(perm_inv), "perm_inv"}});
 }
 
 // The two entry points of transformer_attention's backward on a device, over
@@ -493,6 +493,62 @@ at::Tensor transformer_backward_into_entry(
   return std::get<3>(Backward(s, rowptr, col, colptr, row, perm, query, key, value, e_feat, out,
                               lse, grad_out, grad_lse, scale, dropout_p, philox, bias, perm_inv,
                               into));
+}
+
+// The same two entry points of gatv2_attention's backward; its buffers are
+// grad_x_l (which may be the attention output `out`, when N_src = N_dst) and
+// grad_x_r (which may be x_r), and _gatv2_attention_backward_into returns
+// (grad_att, grad_e_feat).
+using Gatv2Backward = Grads4 (*)(
+    const GatShape&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptionalTensor&,
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+    const OptionalTensor&, double, double, const OptionalTensor&, const OptionalTensor&,
+    const OptionalTensor&, const at::Tensor*);
+
+template <Gatv2Backward Backward>
+Grads4 gatv2_backward_entry(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
+    const at::Tensor& row, const at::Tensor& perm, const at::Tensor& x_l, const at::Tensor& x_r,
+    const OptionalTensor& e_feat, const at::Tensor& att, const at::Tensor& out,
+    const at::Tensor& lse, const at::Tensor& grad_out, const OptionalTensor& grad_lse,
+    double negative_slope, double dropout_p, const OptionalTensor& philox,
+    const OptionalTensor& bias, const OptionalTensor& perm_inv) {
+  const GatShape s = check_gatv2_attention_backward(rowptr, col, colptr, row, perm, x_l, x_r,
+                                                    e_feat, att, out, lse, grad_out, grad_lse,
+                                                    dropout_p, philox, bias, perm_inv);
+  return Backward(s, rowptr, col, colptr, row, perm, x_l, x_r, e_feat, att, out, lse, grad_out,
+                  grad_lse, negative_slope, dropout_p, philox, bias, perm_inv, nullptr);
+}
+
+template <Gatv2Backward Backward>
+std::tuple<at::Tensor, at::Tensor> gatv2_backward_into_entry(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
+    const at::Tensor& row, const at::Tensor& perm, const at::Tensor& x_l, const at::Tensor& x_r,
+    const OptionalTensor& e_feat, const at::Tensor& att, const at::Tensor& out,
+    const at::Tensor& lse, const at::Tensor& grad_out, const OptionalTensor& grad_lse,
+    double negative_slope, double dropout_p, const OptionalTensor& philox,
+    const OptionalTensor& bias, const OptionalTensor& perm_inv, at::Tensor& grad_x_l,
+    at::Tensor& grad_x_r) {
+  const GatShape s = check_gatv2_attention_backward(rowptr, col, colptr, row, perm, x_l, x_r,
+                                                    e_feat, att, out, lse, grad_out, grad_lse,
+                                                    dropout_p, philox, bias, perm_inv);
+  const at::Tensor none;
+  auto opt = [&](const OptionalTensor& t) -> const at::Tensor& {
+    return t.has_value() ? *t : none;
+  };
+  check_gradient_buffers(
+      s, x_l, "x_l",
+      {{&grad_x_l, "grad_x_l", s.N_src, &out}, {&grad_x_r, "grad_x_r", s.N_dst, &x_r}},
+      {{&rowptr, "rowptr"}, {&col, "col"}, {&colptr, "colptr"}, {&row, "row"}, {&perm, "perm"},
+       {&x_l, "x_l"}, {&x_r, "x_r"}, {&opt(e_feat), "e_feat"}, {&att, "att"}, {&out, "out"},
+       {&lse, "lse"}, {&grad_out, "grad_out"}, {&opt(grad_lse), "grad_lse"},
+       {&opt(philox), "philox"}, {&opt(bias), "bias"}, {&opt(perm_inv), "perm_inv"}});
+  const at::Tensor into[2] = {grad_x_l, grad_x_r};
+  auto grads = Backward(s, rowptr, col, colptr, row, perm, x_l, x_r, e_feat, att, out, lse,
+                        grad_out, grad_lse, negative_slope, dropout_p, philox, bias, perm_inv,
+                        into);
+  return {std::get<2>(grads), std::get<3>(grads)};
 }
 
 }  // namespace pyg_multihead_agg

@@ -107,6 +107,17 @@ TORCH_LIBRARY(pyg_multihead_agg, m) {
       "Tensor grad_out, Tensor? grad_lse, float negative_slope, float dropout_p, "
       "Tensor? philox, Tensor? bias=None, Tensor? perm_inv=None) -> "
       "(Tensor, Tensor, Tensor, Tensor)");
+  // The same backward into given buffers, grad_x_l [N_src, H, C] and
+  // grad_x_r [N_dst, H, C], contiguous; returns (grad_att, grad_e_feat).
+  // grad_x_l may be the very tensor out (when N_src = N_dst) and grad_x_r
+  // x_r: the kernels read every row of those before they write a gradient
+  // in its place (as _transformer_attention_backward_into).
+  m.def(
+      "_gatv2_attention_backward_into(Tensor rowptr, Tensor col, Tensor colptr, Tensor row, "
+      "Tensor perm, Tensor x_l, Tensor x_r, Tensor? e_feat, Tensor att, Tensor out, Tensor lse, "
+      "Tensor grad_out, Tensor? grad_lse, float negative_slope, float dropout_p, "
+      "Tensor? philox, Tensor? bias, Tensor? perm_inv, Tensor(a!) grad_x_l, "
+      "Tensor(b!) grad_x_r) -> (Tensor, Tensor)");
 
   // Fused graph-transformer attention (docs/gat_attention.md, transformer).
   // For destination i, head h and the edges e of row i (j = col[e]):

@@ -543,6 +543,21 @@ def _(rowptr, col, colptr, row, perm, x_l, x_r, e_feat, att, out, lse, grad_out,
             x_l.new_empty(num_edges, x_l.size(1), x_l.size(2)))
 
 
+@torch.library.register_fake("pyg_multihead_agg::_gatv2_attention_backward_into")
+def _(rowptr, col, colptr, row, perm, x_l, x_r, e_feat, att, out, lse, grad_out, grad_lse,
+      negative_slope, dropout_p, philox, bias, perm_inv, grad_x_l, grad_x_r):
+    # The backward of gatv2_attention written into the two buffers
+    # (csrc/autograd.cpp's gradient donation); returns (grad_att, grad_e_feat).
+    _check_gatv2(rowptr, col, x_l, x_r, e_feat, att, dropout_p, philox, bias)
+    _check_backward_graph(col, colptr, row, perm, perm_inv, out, grad_out)
+    for buf, name, ref in ((grad_x_l, "grad_x_l", x_l), (grad_x_r, "grad_x_r", x_r)):
+        torch._check(buf.shape == ref.shape and buf.dtype == ref.dtype,
+                     lambda name=name, ref=ref:
+                     f"{name} must have the shape and dtype of {ref.shape} {ref.dtype}")
+    num_edges = col.size(0) if e_feat is not None else 0
+    return torch.empty_like(att), x_l.new_empty(num_edges, x_l.size(1), x_l.size(2))
+
+
 _register_no_double_backward("gatv2_attention")
 
 

@@ -1,9 +1,12 @@
-"""Gradient donation of ``transformer_attention``'s backward (csrc/autograd.cpp).
+"""Gradient donation of ``transformer_attention``'s and ``gatv2_attention``'s
+backwards (csrc/autograd.cpp).
 
-Where nothing but the autograd node reaches the query, the value or the
-output's memory and the graph is freed after the backward, the backward
-writes grad_query, grad_value and grad_key into that memory
-(``_transformer_attention_backward_into``) instead of new tensors. Checked
+Where nothing but the autograd node reaches the memory of an input the
+backward no longer needs and the graph is freed after the backward, the
+backward writes a gradient there instead of into a new tensor: the
+transformer's grad_query, grad_value and grad_key into the query, the value
+and the output (``_transformer_attention_backward_into``), GATv2's grad_x_l
+and grad_x_r into the output and x_r (``_gatv2_attention_backward_into``). Checked
 here: it happens exactly then (a gradient's data pointer is its input's),
 the gradients are bitwise those of a backward that donates nothing, a
 caller's tensor is never written, and the buffer op's own contract (results,
@@ -13,8 +16,8 @@ import pytest
 import torch
 from conftest import DEVICES, random_csr
 
-from pyg_multihead_agg import csr_to_csc, transformer_attention
-from pyg_multihead_agg.nn import TransformerConv
+from pyg_multihead_agg import csr_to_csc, gatv2_attention, transformer_attention
+from pyg_multihead_agg.nn import GATv2Conv, TransformerConv
 
 ops = torch.ops.pyg_multihead_agg
 N, H, C, F_IN = 40, 2, 8, 12
@@ -283,3 +286,97 @@ def test_backward_into_writes_every_row(device):
     for a, b in zip(bufs, expected[:3], strict=True):
         assert torch.equal(a, b)
     assert torch.equal(bufs[1][1], torch.zeros(H, C, dtype=torch.float64, device=device))
+
+
+# GATv2: grad_x_l into the attention output, grad_x_r into x_r.
+
+def gatv2_step(rowptr, col, x, weights, grad, *, hold=False, retain=False):
+    """x_l, x_r projected from x, gatv2_attention, a backward to the weights.
+    Returns the weights' gradients and which buffers the backward wrote its
+    gradients into (out for grad_x_l, x_r for grad_x_r)."""
+    seen = {}
+    x_l, x_r = ((x @ w).view(N, H, C) for w in weights[:2])
+    att = weights[2][0].view(H, C)
+    watch(x_l, seen, "l")
+    watch(x_r, seen, "r")
+    out, _ = gatv2_attention(rowptr, col, x_l, x_r, att)
+    seen["out"] = out.data_ptr()
+    held = (x_r, out, x_r.clone(), out.clone()) if hold else None
+    loss = (out.reshape(N, H * C) * grad.reshape(N, H * C)).sum()
+    del x_l, x_r, out
+    grads = torch.autograd.grad(loss, weights, retain_graph=retain)
+    donated = {"out": seen["grad_l"] == seen["out"], "x_r": seen["grad_r"] == seen["r"]}
+    if retain:
+        again = torch.autograd.grad(loss, weights)
+        assert all(torch.equal(a, b) for a, b in zip(grads, again, strict=True))
+    if hold:
+        x_r, out, x_r0, out0 = held
+        assert torch.equal(x_r, x_r0) and torch.equal(out, out0)
+    return grads, donated
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gatv2_backward_writes_into_what_only_it_holds(device):
+    inputs = make(device)
+    grads, donated = gatv2_step(*inputs)
+    assert donated == {"out": True, "x_r": True}
+    for kwargs in (dict(hold=True), dict(retain=True)):
+        reference, none = gatv2_step(*inputs, **kwargs)
+        assert none == {"out": False, "x_r": False}
+        for a, b in zip(grads, reference, strict=True):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("share_weights", [False, True])
+def test_gatv2_conv_step_donates(device, share_weights):
+    """x_r, the layer's own lin_r output, takes grad_x_r (with share_weights
+    x_r is x_l, which the backward still reads: no donation there); the
+    gradients are bitwise those of a retained graph."""
+    torch.manual_seed(6)
+    rowptr, col = random_csr(N, N, 300, device=device)
+    edge_index = torch.stack([col.long(), torch.repeat_interleave(
+        torch.arange(N, device=device), rowptr.diff().long())])
+    conv = GATv2Conv(F_IN, C, heads=H, share_weights=share_weights).to(device)
+    x = torch.randn(N, F_IN, device=device)
+    seen = {}
+    handle = conv.lin_r.register_forward_hook(lambda m, a, out: watch(out, seen, "r"))
+    params = list(conv.parameters())
+    out = conv(x, edge_index)
+    grads = torch.autograd.grad(out.square().sum(), params)
+    handle.remove()
+    assert (seen["grad_r"] == seen["r"]) is not share_weights
+    out = conv(x, edge_index)
+    reference = torch.autograd.grad(out.square().sum(), params, retain_graph=True)
+    for a, b in zip(grads, reference, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gatv2_backward_into_buffers(device):
+    g = torch.Generator().manual_seed(8)
+    rowptr, col = random_csr(N, N, 260, device=device, generator=g, hub=True)
+    colptr, row, perm = csr_to_csc(rowptr, col, N)
+    x_l, x_r = (torch.randn(N, H, C, generator=g, dtype=torch.float64).to(device)
+                for _ in range(2))
+    att = torch.randn(H, C, generator=g, dtype=torch.float64).to(device)
+    out, lse = gatv2_attention(rowptr, col, x_l, x_r, att)
+    grad_out = torch.randn(N, H, C, generator=g, dtype=torch.float64).to(device)
+    args = [rowptr, col, colptr, row, perm, x_l, x_r, None, att, out, lse, grad_out, None,
+            0.2, 0.0, None, None, None]
+    expected = ops.gatv2_attention_backward(*args)
+    bufs = [torch.full((N, H, C), float("nan"), dtype=torch.float64, device=device)
+            for _ in range(2)]
+    grad_att, grad_e = ops._gatv2_attention_backward_into(*args, *bufs)
+    for a, b in zip(bufs + [grad_att], expected[:3], strict=True):
+        assert torch.equal(a, b)
+    assert grad_e.shape == (0, H, C)
+    # in place of out and x_r
+    out2, x_r2 = out.clone(), x_r.clone()
+    args[9], args[6] = out2, x_r2
+    ops._gatv2_attention_backward_into(*args, out2, x_r2)
+    assert torch.equal(out2, expected[0]) and torch.equal(x_r2, expected[1])
+    # x_l is not a buffer its backward may overwrite
+    with pytest.raises(RuntimeError, match="grad_x_l must not overlap x_l"):
+        ops._gatv2_attention_backward_into(*args, x_l, bufs[1])
+    torch.library.opcheck(ops._gatv2_attention_backward_into, (*args, *bufs))

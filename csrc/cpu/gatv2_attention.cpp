@@ -112,17 +112,20 @@ std::tuple<at::Tensor, at::Tensor> gatv2_attention_cpu(
   return {out, lse};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_attention_backward_cpu(
-    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
+// The backward (checked by the entry points in checks.h), into the buffers
+// `into` (grad_x_l, grad_x_r) when given: out is read in step 1 only, so it
+// may be grad_x_l's buffer; x_r[i] is read by step 2 for every entry and by
+// step 3 for its own row i, before that row's gradient is written, so x_r
+// may be grad_x_r's. (x_l may not be grad_x_l's: step 3 reads it.)
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_backward(
+    const GatShape& s, const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
     const at::Tensor& row, const at::Tensor& perm, const at::Tensor& x_l, const at::Tensor& x_r,
     const std::optional<at::Tensor>& e_feat, const at::Tensor& att, const at::Tensor& out,
     const at::Tensor& lse, const at::Tensor& grad_out, const std::optional<at::Tensor>& grad_lse,
     double negative_slope, double dropout_p, const std::optional<at::Tensor>& philox,
-    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& perm_inv) {
+    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& /*perm_inv*/,
+    const at::Tensor* into) {
   // perm_inv is only checked: this kernel keeps the logit gradients by edge id.
-  const GatShape s = check_gatv2_attention_backward(rowptr, col, colptr, row, perm, x_l, x_r,
-                                                    e_feat, att, out, lse, grad_out, grad_lse,
-                                                    dropout_p, philox, bias, perm_inv);
   TORCH_CHECK(x_l.device().is_cpu(), "x_l must be a CPU tensor for the CPU kernel");
   const int64_t N_dst = s.N_dst, N_src = s.N_src, E = s.E, H = s.H, D = s.D, HD = H * D;
   const bool has_edge = e_feat.has_value() && e_feat->defined();
@@ -138,8 +141,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_attention_backw
   const cpu::Dropout dropout = cpu::make_dropout(dropout_p, philox);
 
   const auto acc_options = x_l.options().dtype(at::toOpMathType(x_l.scalar_type()));
-  auto grad_xl = at::empty({N_src, H, D}, x_l.options());
-  auto grad_xr = at::empty({N_dst, H, D}, x_l.options());
+  auto grad_xl = into != nullptr ? into[0] : at::empty({N_src, H, D}, x_l.options());
+  auto grad_xr = into != nullptr ? into[1] : at::empty({N_dst, H, D}, x_l.options());
   // Zero-filled: an edge a malformed perm misses reads (and returns) 0.
   auto grad_ef = has_edge ? at::zeros({E, H, D}, x_l.options()) : at::empty({0, H, D}, x_l.options());
   auto gl = at::zeros({E, H}, acc_options);
@@ -257,7 +260,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_attention_backw
 
 TORCH_LIBRARY_IMPL(pyg_multihead_agg, CPU, m) {
   m.impl("gatv2_attention", &gatv2_attention_cpu);
-  m.impl("gatv2_attention_backward", &gatv2_attention_backward_cpu);
+  m.impl("gatv2_attention_backward", &gatv2_backward_entry<&gatv2_backward>);
+  m.impl("_gatv2_attention_backward_into", &gatv2_backward_into_entry<&gatv2_backward>);
 }
 
 }  // namespace pyg_multihead_agg

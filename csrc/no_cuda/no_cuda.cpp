@@ -23,7 +23,8 @@ TORCH_LIBRARY_IMPL(pyg_multihead_agg, CUDA, m) {
                            "gat_attention_backward", "gatv2_attention",
                            "gatv2_attention_backward", "transformer_attention",
                            "transformer_attention_backward",
-                           "_transformer_attention_backward_into"}) {
+                           "_transformer_attention_backward_into",
+                           "_gatv2_attention_backward_into"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&no_cuda_kernel>());
   }
 }

@@ -397,23 +397,31 @@ std::tuple<at::Tensor, at::Tensor> gatv2_attention_cuda(
       });
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_attention_backward_cuda(
-    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
+// The backward (checked by the entry points in checks.h), into the buffers
+// `into` (grad_x_l, grad_x_r) when given. grad_x_l's may be out (the row
+// terms read it before the CSC pass writes grad_x_l) and grad_x_r's x_r (the
+// CSC pass gathers it; the destination pass, which writes grad_x_r,
+// gathers no feature row).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_backward(
+    const GatShape& s, const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
     const at::Tensor& row, const at::Tensor& perm, const at::Tensor& x_l, const at::Tensor& x_r,
     const std::optional<at::Tensor>& e_feat, const at::Tensor& att, const at::Tensor& out,
     const at::Tensor& lse, const at::Tensor& grad_out, const std::optional<at::Tensor>& grad_lse,
     double negative_slope, double dropout_p, const std::optional<at::Tensor>& philox,
-    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& perm_inv) {
-  const auto s = check_gatv2_attention_backward(rowptr, col, colptr, row, perm, x_l, x_r, e_feat,
-                                                att, out, lse, grad_out, grad_lse, dropout_p,
-                                                philox, bias, perm_inv);
+    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& perm_inv,
+    const at::Tensor* into) {
   TORCH_CHECK(x_l.is_cuda(), "x_l must be a CUDA tensor for the CUDA kernel");
   const c10::cuda::CUDAGuard guard(x_l.device());
   const bool has_edge = e_feat.has_value() && e_feat->defined();
   const bool has_bias = bias.has_value() && bias->defined();
   if (s.E == 0 || s.H == 0 || s.N_dst == 0 || s.N_src == 0 || s.D == 0) {
-    return {at::zeros_like(x_l), at::zeros_like(x_r), at::zeros_like(att),
-            at::zeros({has_edge ? s.E : 0, s.H, s.D}, x_l.options())};
+    auto grad_ef = at::zeros({has_edge ? s.E : 0, s.H, s.D}, x_l.options());
+    if (into != nullptr) {
+      into[0].zero_();
+      into[1].zero_();
+      return {into[0], into[1], at::zeros_like(att), grad_ef};
+    }
+    return {at::zeros_like(x_l), at::zeros_like(x_r), at::zeros_like(att), grad_ef};
   }
   const auto acc_dtype = at::toOpMathType(x_l.scalar_type());
   const bool has_inv = perm_inv.has_value() && perm_inv->defined();
@@ -438,8 +446,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_attention_backw
     // edge's logit gradient, signs and (with e_feat) edge gradient when the
     // CSC is valid (a malformed one leaves them meaningless, never out of
     // bounds: docs/robustness.md).
-    auto gxl = at::empty({s.N_src, s.H, Dp}, x_l.options());
-    auto gxr = at::empty({s.N_dst, s.H, Dp}, x_l.options());
+    // A given buffer is written in place when the kernels can use it as it
+    // is (unpadded heads, 16-byte aligned), else copied into at the end.
+    auto buffer = [&](int k, int64_t rows) {
+      const bool direct = into != nullptr && Dp == s.D && is_aligned(into[k].data_ptr(), 16);
+      return direct ? into[k] : at::empty({rows, s.H, Dp}, x_l.options());
+    };
+    auto gxl = buffer(0, s.N_src), gxr = buffer(1, s.N_dst);
     auto gef = has_edge ? at::empty({s.E, s.H, Dp}, x_l.options()) : at::Tensor();
     const int W = static_cast<int>((Dp + 31) / 32);
     auto grad_z = at::empty({s.E, s.H}, x_l.options().dtype(acc_dtype));
@@ -469,6 +482,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_attention_backw
     grad_att = crop_channels(grad_att, s.D);
     grad_ef = has_edge ? crop_channels(gef, s.D) : at::empty({0, s.H, s.D}, x_l.options());
   });
+  if (into != nullptr) {
+    if (!grad_xl.is_same(into[0])) into[0].copy_(grad_xl);
+    if (!grad_xr.is_same(into[1])) into[1].copy_(grad_xr);
+    return {into[0], into[1], grad_att, grad_ef};
+  }
   return {grad_xl, grad_xr, grad_att, grad_ef};
 }
 
@@ -598,7 +616,8 @@ TORCH_LIBRARY_IMPL(pyg_multihead_agg, CUDA, m) {
   m.impl("gat_attention", &gat_attention_cuda);
   m.impl("gat_attention_backward", &gat_attention_backward_cuda);
   m.impl("gatv2_attention", &gatv2_attention_cuda);
-  m.impl("gatv2_attention_backward", &gatv2_attention_backward_cuda);
+  m.impl("gatv2_attention_backward", &gatv2_backward_entry<&gatv2_backward>);
+  m.impl("_gatv2_attention_backward_into", &gatv2_backward_into_entry<&gatv2_backward>);
   m.impl("transformer_attention", &transformer_attention_cuda);
   m.impl("transformer_attention_backward", &transformer_backward_entry<&transformer_backward>);
   m.impl("_transformer_attention_backward_into",
