@@ -119,6 +119,15 @@ TRANSFORMER=(
   "$V::test_backward_both_layouts[H3-D24-float32-int64-transformer]"
   "$V::test_backward_both_layouts[H4-D32-bfloat16-int32-transformer]"
 )
+# Gradient donation: the transformer's and GATv2's backward kernels writing
+# gradients into buffers that are their own inputs (the output, the query,
+# the value, x_r), fresh ones poisoned, and rows no edge reaches.
+DONATION=(
+  "tests/test_gradient_donation.py::test_backward_into_buffers_and_in_place[cuda]"
+  "tests/test_gradient_donation.py::test_backward_into_writes_every_row[cuda]"
+  "tests/test_gradient_donation.py::test_gatv2_backward_into_buffers[cuda]"
+  "tests/test_gradient_donation.py::test_backward_writes_into_what_only_it_holds[cuda]"
+)
 # The transposed dot-product kernels (heads of 8 and 4 lanes: float32 D = 32,
 # bf16 D = 32, float32 D = 16) against the per-lane ones, hub included.
 TRANSPOSED=(
@@ -192,13 +201,13 @@ OURS=(--kernel-name kns=pyg_multihead_agg)
 
 selection() {
   case "$1" in
-    memcheck) echo "${SMALL[@]}" "${NARROW[@]}" "${HUB[@]}" "${GAT[@]}" "${GATV2[@]}" "${TRANSFORMER[@]}" "${TRANSPOSED[@]}" \
+    memcheck) echo "${SMALL[@]}" "${NARROW[@]}" "${HUB[@]}" "${GAT[@]}" "${GATV2[@]}" "${TRANSFORMER[@]}" "${DONATION[@]}" "${TRANSPOSED[@]}" \
       "${SORTED[@]}" "${PERMINV[@]}" "${TC[@]}" "${MALFORMED[@]}";;
     memcheck_large) echo "tests/test_large_index.py::test_many_source_rows[4-64-index_dtype0]";;
     racecheck) echo "${HUB[@]}" "${SMALL[0]}" "${SMALL[2]}" "${GAT[@]:1:2}" "${GAT[@]:4:2}" \
       "${SORTED[@]:0:1}" "${PERMINV[@]:0:2}" "${TC[@]:0:2}" "${TC[@]:5:1}" "${GATV2[@]:0:3}" "${TRANSFORMER[@]:0:3}";;
     initcheck) echo "${SMALL[@]:0:3}" "${NARROW[0]}" "${HUB[0]}" \
-      "$K::test_malformed_graphs_do_not_fault" "${GAT[@]}" "${GATV2[@]}" "${TRANSFORMER[@]}" "${TRANSPOSED[@]}";;
+      "$K::test_malformed_graphs_do_not_fault" "${GAT[@]}" "${GATV2[@]}" "${TRANSFORMER[@]}" "${DONATION[@]:0:3}" "${TRANSPOSED[@]}";;
     synccheck) echo "${SMALL[@]:0:3}" "${NARROW[0]}" "${HUB[@]}" "${GAT[@]}" "${TRANSPOSED[@]}" \
       "${SORTED[@]}" "${PERMINV[@]:0:4}" "${TC[@]:0:3}" "${TC[@]:5:1}" "${GATV2[@]}" "${TRANSFORMER[@]}";;
   esac
