@@ -467,7 +467,11 @@ def gatv2_attention(rowptr: Tensor, col: Tensor, x_l: Tensor, x_r: Tensor, att: 
     Returns:
         :obj:`(out [N_dst, H, C], lse [N_dst, H])`, with the conventions of
         :func:`gat_attention`. Differentiable in :obj:`x_l`, :obj:`x_r`,
-        :obj:`att`, :obj:`e_feat` and :obj:`bias` (and :obj:`lse`).
+        :obj:`att`, :obj:`e_feat` and :obj:`bias` (and :obj:`lse`). In an
+        eager backward that frees the graph, the gradients of :obj:`x_l`
+        and :obj:`x_r` are written into the memory of :obj:`out` and
+        :obj:`x_r` where no tensor but the autograd graph's holds it; a
+        tensor you keep is never written.
 
     Example:
         >>> import torch, pyg_multihead_agg as pma
@@ -604,7 +608,11 @@ def transformer_attention(rowptr: Tensor, col: Tensor, query: Tensor, key: Tenso
     Returns:
         :obj:`(out [N_dst, H, C], lse [N_dst, H])`, with the conventions of
         :func:`gat_attention`. Differentiable in :obj:`query`, :obj:`key`,
-        :obj:`value`, :obj:`e_feat` and :obj:`bias` (and :obj:`lse`).
+        :obj:`value`, :obj:`e_feat` and :obj:`bias` (and :obj:`lse`). In an
+        eager backward that frees the graph, the gradients of :obj:`query`,
+        :obj:`key` and :obj:`value` are written into the memory of
+        :obj:`query`, :obj:`out` and :obj:`value` where no tensor but the
+        autograd graph's holds it; a tensor you keep is never written.
 
     Example:
         >>> import torch, pyg_multihead_agg as pma

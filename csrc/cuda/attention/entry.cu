@@ -321,6 +321,16 @@ at::Tensor crop_channels(const at::Tensor& t, int64_t D) {
   return t.size(-1) == D ? t : t.narrow(-1, 0, D).contiguous();
 }
 
+// The kernels' gradient output k of `rows` rows: the caller's buffer into[k]
+// (the _<op>_backward_into ops) where the kernels can write it as it is
+// (unpadded heads, 16-byte aligned), else a new [rows, H, Dp] tensor, which
+// the caller's buffer, if any, gets copied from at the end.
+at::Tensor gradient_buffer(const at::Tensor* into, int k, int64_t rows, const GatShape& s,
+                           int64_t Dp, const at::TensorOptions& options) {
+  const bool direct = into != nullptr && Dp == s.D && is_aligned(into[k].data_ptr(), 16);
+  return direct ? into[k] : at::empty({rows, s.H, Dp}, options);
+}
+
 template <typename scalar_t>
 RowConfig gatv2_checked_config(int64_t H, int64_t Dp, const char* op) {
   const RowConfig rc = gatv2_row_config<scalar_t>(H, Dp);
@@ -446,13 +456,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_backward(
     // edge's logit gradient, signs and (with e_feat) edge gradient when the
     // CSC is valid (a malformed one leaves them meaningless, never out of
     // bounds: docs/robustness.md).
-    // A given buffer is written in place when the kernels can use it as it
-    // is (unpadded heads, 16-byte aligned), else copied into at the end.
-    auto buffer = [&](int k, int64_t rows) {
-      const bool direct = into != nullptr && Dp == s.D && is_aligned(into[k].data_ptr(), 16);
-      return direct ? into[k] : at::empty({rows, s.H, Dp}, x_l.options());
-    };
-    auto gxl = buffer(0, s.N_src), gxr = buffer(1, s.N_dst);
+    auto gxl = gradient_buffer(into, 0, s.N_src, s, Dp, x_l.options());
+    auto gxr = gradient_buffer(into, 1, s.N_dst, s, Dp, x_l.options());
     auto gef = has_edge ? at::empty({s.E, s.H, Dp}, x_l.options()) : at::Tensor();
     const int W = static_cast<int>((Dp + 31) / 32);
     auto grad_z = at::empty({s.E, s.H}, x_l.options().dtype(acc_dtype));
@@ -570,13 +575,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> transformer_backward(
     // edge's logit gradient and (with e_feat) edge gradient when the CSC is
     // valid (a malformed one leaves them meaningless, never out of bounds:
     // docs/robustness.md).
-    // A given buffer is written in place when the kernels can use it as it
-    // is (unpadded heads, 16-byte aligned), else copied into at the end.
-    auto buffer = [&](int k, int64_t rows) {
-      const bool direct = into != nullptr && Dp == s.D && is_aligned(into[k].data_ptr(), 16);
-      return direct ? into[k] : at::empty({rows, s.H, Dp}, key.options());
-    };
-    auto gq = buffer(0, s.N_dst), gk = buffer(1, s.N_src), gv = buffer(2, s.N_src);
+    auto gq = gradient_buffer(into, 0, s.N_dst, s, Dp, key.options());
+    auto gk = gradient_buffer(into, 1, s.N_src, s, Dp, key.options());
+    auto gv = gradient_buffer(into, 2, s.N_src, s, Dp, key.options());
     auto gef = has_edge ? at::empty({s.E, s.H, Dp}, key.options()) : at::Tensor();
     auto grad_z = at::empty({s.E, s.H}, key.options().dtype(acc_dtype));
     INDEX_SWITCH(rowptr.scalar_type(), "transformer_attention_backward", [&] {
