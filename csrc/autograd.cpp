@@ -217,6 +217,15 @@ bool sole_owner(const Tensor& t, int64_t impls, at::IntArrayRef shape,
          t.storage().use_count() == impls;
 }
 
+// An input whose memory may take a gradient: `own` (kept by `impls`
+// TensorImpls of this node, as sole_owner counts them) for the gradient of
+// `like` (its shape, dtype and device).
+struct Donation {
+  const Tensor* own;
+  int64_t impls;
+  const Tensor* like;
+};
+
 struct Gatv2Op {  // (x_l, x_r, e_feat?, att), negative_slope
   static constexpr bool kAlias[4] = {false, true, false, false};  // x_r may take grad_x_r
   static constexpr int kSource = 0;
@@ -254,24 +263,19 @@ struct Gatv2Op {  // (x_l, x_r, e_feat?, att), negative_slope
     return op.call(rowptr, col, colptr, row, perm, a, b, as_optional(c), d, out, lse, grad_out,
                    grad_lse, f, p, philox, bias, perm_inv);
   }
-  // The backward into buffers where out (as grad_x_l's, when its shape is
-  // x_l's) and x_r can be given up, else the backward op. a, b: x_l, x_r.
-  static Quad backward_donating(const Tensor& rowptr, const Tensor& col, const Tensor& colptr,
-                                const Tensor& row, const Tensor& perm, const Tensor& a,
-                                const Tensor& b, const Tensor& c, const Tensor& d,
-                                const Tensor& out, const Tensor& lse, const Tensor& grad_out,
-                                const OptTensor& grad_lse, double f, double p,
-                                const OptTensor& philox, const OptTensor& bias,
-                                const OptTensor& perm_inv) {
-    const auto dtype = a.scalar_type();
-    const bool given[2] = {sole_owner(out, 2, a.sizes(), dtype),
-                           sole_owner(b, 1, b.sizes(), dtype)};
-    if (!(given[0] || given[1])) {
-      return backward(rowptr, col, colptr, row, perm, a, b, c, d, out, lse, grad_out, grad_lse, f,
-                      p, philox, bias, perm_inv);
-    }
-    Tensor grad_x_l = given[0] ? out : at::empty(a.sizes(), a.options());
-    Tensor grad_x_r = given[1] ? b : at::empty(b.sizes(), b.options());
+  // The inputs whose memory may take a gradient (gradient donation), in the
+  // order of _gatv2_attention_backward_into's buffers: out takes grad_x_l
+  // (when its shape is x_l's), x_r grad_x_r. a, b: x_l, x_r.
+  static std::array<Donation, 2> donations(const Tensor& a, const Tensor& b, const Tensor&,
+                                           const Tensor& out) {
+    return {{{&out, 2, &a}, {&b, 1, &b}}};
+  }
+  static Quad backward_into(const Tensor& rowptr, const Tensor& col, const Tensor& colptr,
+                            const Tensor& row, const Tensor& perm, const Tensor& a,
+                            const Tensor& b, const Tensor& c, const Tensor& d, const Tensor& out,
+                            const Tensor& lse, const Tensor& grad_out, const OptTensor& grad_lse,
+                            double f, double p, const OptTensor& philox, const OptTensor& bias,
+                            const OptTensor& perm_inv, std::array<Tensor, 2>& into) {
     static auto op = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("pyg_multihead_agg::_gatv2_attention_backward_into", "")
                          .typed<std::tuple<Tensor, Tensor>(
@@ -282,8 +286,8 @@ struct Gatv2Op {  // (x_l, x_r, e_feat?, att), negative_slope
                              const OptTensor&, const OptTensor&, Tensor&, Tensor&)>();
     auto [grad_att, grad_e] = op.call(rowptr, col, colptr, row, perm, a, b, as_optional(c), d,
                                       out, lse, grad_out, grad_lse, f, p, philox, bias, perm_inv,
-                                      grad_x_l, grad_x_r);
-    return {grad_x_l, grad_x_r, grad_att, grad_e};
+                                      into[0], into[1]);
+    return {into[0], into[1], grad_att, grad_e};
   }
 };
 
@@ -324,29 +328,20 @@ struct TransformerOp {  // (query, key, value, e_feat?), scale
     return op.call(rowptr, col, colptr, row, perm, a, b, c, as_optional(d), out, lse, grad_out,
                    grad_lse, f, p, philox, bias, perm_inv);
   }
-  // The backward into buffers where the query, out (as the keys' gradient,
-  // when its shape is the keys') and value can be given up (donate), else
-  // the backward op. a, b, c: query, key, value.
-  static Quad backward_donating(const Tensor& rowptr, const Tensor& col, const Tensor& colptr,
-                                const Tensor& row, const Tensor& perm, const Tensor& a,
-                                const Tensor& b, const Tensor& c, const Tensor& d,
-                                const Tensor& out, const Tensor& lse, const Tensor& grad_out,
-                                const OptTensor& grad_lse, double f, double p,
-                                const OptTensor& philox, const OptTensor& bias,
-                                const OptTensor& perm_inv) {
-    const auto dtype = b.scalar_type();
-    const std::array<bool, 3> given = {sole_owner(a, 1, a.sizes(), dtype),
-                                       sole_owner(out, 2, b.sizes(), dtype),
-                                       sole_owner(c, 1, b.sizes(), dtype)};
-    if (!(given[0] || given[1] || given[2])) {
-      return backward(rowptr, col, colptr, row, perm, a, b, c, d, out, lse, grad_out, grad_lse, f,
-                      p, philox, bias, perm_inv);
-    }
-    const Tensor* own[3] = {&a, &out, &c};
-    Tensor into[3];
-    for (int k = 0; k < 3; ++k) {
-      into[k] = given[k] ? *own[k] : at::empty((k == 0 ? a : b).sizes(), b.options());
-    }
+  // The inputs whose memory may take a gradient, in the order of
+  // _transformer_attention_backward_into's buffers: the query takes
+  // grad_query, out grad_key (when its shape is the keys'), the value
+  // grad_value. a, b, c: query, key, value.
+  static std::array<Donation, 3> donations(const Tensor& a, const Tensor& b, const Tensor& c,
+                                           const Tensor& out) {
+    return {{{&a, 1, &a}, {&out, 2, &b}, {&c, 1, &c}}};
+  }
+  static Quad backward_into(const Tensor& rowptr, const Tensor& col, const Tensor& colptr,
+                            const Tensor& row, const Tensor& perm, const Tensor& a,
+                            const Tensor& b, const Tensor& c, const Tensor& d, const Tensor& out,
+                            const Tensor& lse, const Tensor& grad_out, const OptTensor& grad_lse,
+                            double f, double p, const OptTensor& philox, const OptTensor& bias,
+                            const OptTensor& perm_inv, std::array<Tensor, 3>& into) {
     static auto op = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("pyg_multihead_agg::_transformer_attention_backward_into", "")
                          .typed<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
@@ -435,10 +430,24 @@ class ChannelAttention : public torch::autograd::Function<ChannelAttention<Op>> 
     const double dropout_p = ctx->saved_data["dropout_p"].toDouble();
     const Quad gradients = call_below_autograd([&]() -> Quad {
       if (donation_allowed(out)) {
-        return Op::backward_donating(
-            rowptr, col, colptr, row, perm, saved[2], saved[3], saved[4], saved[5], out, lse,
-            grad_out, as_optional(grad_lse), factor, dropout_p, as_optional(philox),
-            as_optional(bias), as_optional(perm_inv));
+        // The op's buffers: an input's own memory where this node alone
+        // reaches it, else new tensors; the backward op where none is.
+        const auto donations = Op::donations(saved[2], saved[3], saved[4], out);
+        std::array<Tensor, std::tuple_size_v<std::decay_t<decltype(donations)>>> into;
+        bool any = false;
+        for (size_t k = 0; k < donations.size(); ++k) {
+          const Donation& dn = donations[k];
+          const bool given = sole_owner(*dn.own, dn.impls, dn.like->sizes(),
+                                        dn.like->scalar_type());
+          any = any || given;
+          into[k] = given ? *dn.own : at::empty(dn.like->sizes(), dn.like->options());
+        }
+        if (any) {
+          return Op::backward_into(rowptr, col, colptr, row, perm, saved[2], saved[3], saved[4],
+                                   saved[5], out, lse, grad_out, as_optional(grad_lse), factor,
+                                   dropout_p, as_optional(philox), as_optional(bias),
+                                   as_optional(perm_inv), into);
+        }
       }
       return Op::backward(rowptr, col, colptr, row, perm, saved[2], saved[3], saved[4], saved[5],
                           out, lse, grad_out, as_optional(grad_lse), factor, dropout_p,

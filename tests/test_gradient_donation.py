@@ -33,6 +33,15 @@ def make(device, dtype=torch.float32, num_edges=240, seed=0):
     return rowptr, col, x, weights, grad
 
 
+def layer_inputs(device, seed):
+    """A layer's edge_index (random, 300 edges) and input features."""
+    torch.manual_seed(seed)
+    rowptr, col = random_csr(N, N, 300, device=device)
+    edge_index = torch.stack([col.long(), torch.repeat_interleave(
+        torch.arange(N, device=device), rowptr.diff().long())])
+    return edge_index, torch.randn(N, F_IN, device=device)
+
+
 def watch(t, seen, name):
     """Records t's data pointer and, in the backward, its gradient's."""
     seen[name] = t.data_ptr()
@@ -144,12 +153,8 @@ def test_transformer_conv_step_donates(device, beta):
     beta=True keeps the attention output for its own backward, so only the
     query's and the value's memory are), gradients bitwise those of a
     retained graph."""
-    torch.manual_seed(5)
-    rowptr, col = random_csr(N, N, 300, device=device)
-    edge_index = torch.stack([col.long(), torch.repeat_interleave(
-        torch.arange(N, device=device), rowptr.diff().long())])
+    edge_index, x = layer_inputs(device, seed=5)
     conv = TransformerConv(F_IN, C, heads=H, beta=beta).to(device)
-    x = torch.randn(N, F_IN, device=device)
     seen = {}
 
     def projection_hook(name):
@@ -333,12 +338,8 @@ def test_gatv2_conv_step_donates(device, share_weights):
     """x_r, the layer's own lin_r output, takes grad_x_r (with share_weights
     x_r is x_l, which the backward still reads: no donation there); the
     gradients are bitwise those of a retained graph."""
-    torch.manual_seed(6)
-    rowptr, col = random_csr(N, N, 300, device=device)
-    edge_index = torch.stack([col.long(), torch.repeat_interleave(
-        torch.arange(N, device=device), rowptr.diff().long())])
+    edge_index, x = layer_inputs(device, seed=6)
     conv = GATv2Conv(F_IN, C, heads=H, share_weights=share_weights).to(device)
-    x = torch.randn(N, F_IN, device=device)
     seen = {}
     handle = conv.lin_r.register_forward_hook(lambda m, a, out: watch(out, seen, "r"))
     params = list(conv.parameters())
