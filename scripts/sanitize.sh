@@ -17,6 +17,9 @@
 #   SANITIZE_BUILD=0|1       build the extension first (default: only if a CUDA
 #                            op does not run)
 #   COMPUTE_SANITIZER=path   the binary (default: PATH, then $CUDA_HOME/bin)
+#   SANITIZE_SETS="GATV2 DONATION"  every tool over these sets of tests
+#                            (the arrays below) instead of its own selection:
+#                            a changed kernel's tests under all four tools
 # Exit code: 0 when every tool ran clean, 1 otherwise.
 set -uo pipefail
 SUMMARY="${1:?usage: scripts/sanitize.sh SUMMARY_FILE [tool ...]}"; shift
@@ -200,6 +203,11 @@ MALFORMED=(
 OURS=(--kernel-name kns=pyg_multihead_agg)
 
 selection() {
+  if [ -n "${SANITIZE_SETS:-}" ]; then  # the named sets under every tool
+    local set_name
+    for set_name in $SANITIZE_SETS; do eval "echo \"\${${set_name}[@]}\""; done
+    return
+  fi
   case "$1" in
     memcheck) echo "${SMALL[@]}" "${NARROW[@]}" "${HUB[@]}" "${GAT[@]}" "${GATV2[@]}" "${TRANSFORMER[@]}" "${DONATION[@]}" "${TRANSPOSED[@]}" \
       "${SORTED[@]}" "${PERMINV[@]}" "${TC[@]}" "${MALFORMED[@]}";;

@@ -465,7 +465,12 @@ __global__ void __launch_bounds__(kBackwardThreads,
       score.store_source(p, j, m, k, leader);
     }
   };
-  for_each_slice_or_row(p.ptr, p.num_edges, sl, G, slice, row);
+  auto fetch_done = [&](int64_t range) {
+#pragma unroll
+    for (int k = 0; k < VPL; ++k)
+      if (m.valid[k]) score.store_range(p, range, m, k);
+  };
+  for_each_slice_or_row(p.ptr, p.num_edges, sl, G, slice, row, fetch_done);
 }
 }  // namespace
 

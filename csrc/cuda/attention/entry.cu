@@ -480,7 +480,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_backward(
                                             gxr.data_ptr<scalar_t>(),
                                             rowptr_c.data_ptr<index_t>(), rc, colptr.options());
     });
-    // The sources' shares of grad_att, summed by one deterministic reduction.
+    // grad_att per fixed range of sources, summed by one deterministic
+    // reduction.
     grad_att = att_part.sum(0).view({s.H, Dp}).to(x_l.scalar_type());
     grad_xl = crop_channels(gxl, s.D);
     grad_xr = crop_channels(gxr, s.D);

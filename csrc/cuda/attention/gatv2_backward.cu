@@ -1,9 +1,9 @@
 // The launcher of GATv2's backward (launch_gatv2_backward_rows,
 // launchers.cuh): gat_aux_kernel (the row terms), the CSC source pass
-// attention_backward_rows_kernel<Gatv2Score> (grad_x_l, grad_e_feat, the
-// sources' shares of grad_att, and per edge the logit gradient and the
-// signs of z), the destination pass gatv2_dst_rows_kernel (grad_x_r), and
-// the slices' sums. The CSC pass is backward_row for every head layout
+// attention_backward_rows_kernel<Gatv2Score> (grad_x_l, grad_e_feat,
+// grad_att summed per fixed range of sources, and per edge the logit
+// gradient and the signs of z), the destination pass gatv2_dst_rows_kernel
+// (grad_x_r), and the slices' sums. The CSC pass is backward_row for every head layout
 // (Gatv2Score::kTransposedDot).
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
@@ -106,9 +106,11 @@ at::Tensor launch_gatv2_backward_rows(AttentionParams<scalar_t, index_t> p, cons
   const auto acc_options = options.dtype(c10::CppTypeToScalarType<acc_t>::value);
   const BackwardScratch b =
       prepare_backward_rows(p, out, rc, gat_backward_slice_len<scalar_t>(p.num_edges), options);
-  // Each source's (and slice's) share of grad_att; the caller sums them.
-  // (zero-filled: a sliced source writes its shares to its slots, not its row)
-  at::Tensor att_part = at::zeros({p.num_rows + b.max_slots, p.HD}, acc_options);
+  // grad_att summed per fetch range of the CSC pass (sources, then slices;
+  // fetch_ranges in work_list.cuh), a row each; the caller sums the rows.
+  // (zero-filled: a range past the slices reserved is never fetched)
+  const int64_t ranges = fetch_ranges(p.num_rows, p.G) + fetch_ranges(b.max_slots, p.G);
+  at::Tensor att_part = at::zeros({ranges, p.HD}, acc_options);
   p.att_part = att_part.data_ptr<acc_t>();
   const DstScratch dst = prepare_dst_rows(p, rowptr, options);
   auto stream = c10::cuda::getCurrentCUDAStream();

@@ -61,8 +61,9 @@ void launch_gatv2_forward_rows(AttentionParams<scalar_t, index_t> p, const RowCo
 
 // The GATv2 backward: the CSC pass into p.out (grad_x_l), p.grad_e_feat,
 // p.grad_z and p.bits, then grad_x_dst from the destination pass over the
-// CSR (rowptr). Returns the [N_src + slots, H * D] shares of grad_att
-// (acc_t), whose sum over rows is grad_att. `out` is the forward's output.
+// CSR (rowptr). Returns grad_att summed per fetch range of the CSC pass,
+// [ranges, H * D] (acc_t), whose sum over rows is grad_att. `out` is the
+// forward's output.
 template <typename scalar_t, typename index_t>
 at::Tensor launch_gatv2_backward_rows(AttentionParams<scalar_t, index_t> p, const scalar_t* out,
                                       scalar_t* grad_x_dst, const index_t* rowptr,

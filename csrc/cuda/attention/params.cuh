@@ -51,7 +51,7 @@ struct AttentionParams {
   const scalar_t* e_feat;    // [E, H, D] or nullptr
   const scalar_t* att;       // [H, D]
   scalar_t* grad_e_feat;     // backward: [E, H, D] by edge id, or nullptr
-  acc_t* att_part;           // backward: [N_src + slots, H * D] shares of grad_att
+  acc_t* att_part;           // backward: [ranges, H * D] grad_att per fetch range
   uint32_t* bits;            // backward: [E, H, W] signs of z (bit c % 32 of word c / 32)
   int W;                     // words of bits per head: ceil(D / 32)
   // TransformerConv (TransformerScore): the keys beside x (the values),

@@ -36,6 +36,8 @@
 //                  gradient for the destination pass; called by every lane
 //                  (use: whether the entry and vector exist).
 //   store_source / store_slice: the score's per-source results.
+//   store_range    after each fetch of the work list, the results summed
+//                  over a fixed range of sources (GATv2's grad_att shares).
 //
 // TransformerScore, TransformerConv's scaled dot product
 // scale * <q[i], k[j] (+ e)>, is the third: a destination row (q[i]) per
@@ -148,6 +150,7 @@ struct GatScore {
                                               int k, bool leader) const {
     if (leader) p.part_src[slot * p.H + m.head[k]] = gsrc[k];
   }
+  __device__ __forceinline__ void store_range(const Params&, int64_t, const Lanes&, int) {}
 };
 
 // GATv2: z[c] = x_l[j, c] + x_r[i, c] (+ e_feat[e, c]) per channel, logit
@@ -177,6 +180,8 @@ struct Gatv2Score {
     for (int k = 0; k < VPL; ++k) {
       const auto a = m.valid[k] ? load_vec<scalar_t, V>(p.att + m.feat[k]) : zero_vec<scalar_t, V>();
       widen(a, at[k]);
+#pragma unroll
+      for (int v = 0; v < V; ++v) ga_range[k][v] = 0;
     }
   }
 
@@ -224,8 +229,11 @@ struct Gatv2Score {
     axpy_vec(acc, w, xv);
   }
 
-  // Backward. ga: this source's share of grad_att (its lane's channels).
+  // Backward. ga: this source's share of grad_att (its lane's channels);
+  // ga_range: the sum of the shares of this group's sources in the current
+  // fetch range.
   acc_t ga[VPL][V];
+  acc_t ga_range[VPL][V];
 
   __device__ __forceinline__ void load_source(const Params&, int64_t, const Lanes&) {
 #pragma unroll
@@ -286,13 +294,23 @@ struct Gatv2Score {
     if (p.grad_e_feat != nullptr) store_vec<scalar_t, V>(p.grad_e_feat + e * p.HD + m.feat[k], gz);
   }
 
-  __device__ __forceinline__ void store_source(const Params& p, int64_t j, const Lanes& m, int k,
-                                               bool) const {
-    store_vec<acc_t, V>(p.att_part + j * p.HD + m.feat[k], ga[k]);
+  // A source's (or slice's) share goes into the sum of its fetch range, in
+  // fetch order, stored once per range (store_range): att_part has a row per
+  // range, not per source.
+  __device__ __forceinline__ void store_source(const Params&, int64_t, const Lanes&, int k,
+                                               bool) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) ga_range[k][v] += ga[k][v];
   }
-  __device__ __forceinline__ void store_slice(const Params& p, int64_t slot, const Lanes& m, int k,
-                                              bool) const {
-    store_vec<acc_t, V>(p.att_part + (p.num_rows + slot) * p.HD + m.feat[k], ga[k]);
+  __device__ __forceinline__ void store_slice(const Params& p, int64_t, const Lanes& m, int k,
+                                              bool leader) {
+    store_source(p, 0, m, k, leader);
+  }
+  __device__ __forceinline__ void store_range(const Params& p, int64_t range, const Lanes& m,
+                                              int k) {
+    store_vec<acc_t, V>(p.att_part + range * p.HD + m.feat[k], ga_range[k]);
+#pragma unroll
+    for (int v = 0; v < V; ++v) ga_range[k][v] = 0;
   }
 };
 
@@ -460,6 +478,7 @@ struct TransformerScore {
                                               int k, bool) const {
     store_vec<acc_t, V>(p.part_key + slot * p.HD + m.feat[k], gk[k]);
   }
+  __device__ __forceinline__ void store_range(const Params&, int64_t, const Lanes&, int) {}
 };
 
 // The lane layout of a policy's kernels: heads of exactly S vectors for

@@ -143,11 +143,28 @@ __device__ __forceinline__ int64_t row_slots(const SliceList& sl, const index_t*
 // tail), then the short rows, each fetched kFetchRounds * (32 / G) at a time
 // from an atomic counter and run by one group of G lanes:
 // `slice_fn(slot, r, lo, hi)` with the slice's entries [lo, hi) of row r, and
-// `short_fn(r, lo, hi)`.
-template <bool kSortable = false, typename index_t, typename SliceFn, typename ShortFn>
+// `short_fn(r, lo, hi)`. After each fetch every group of the warp calls
+// `fetch_done(range)`: `range` numbers the (fetch, group) pairs, the short
+// rows' fetches first, then the slices' (fetch_ranges), and names the same
+// fixed items on every run, whichever warp took them. A per-group sum over
+// its items in fetch order, stored per range, is thus a deterministic
+// reduction of the items into fetch_ranges(...) rows.
+struct NoFetchFn {
+  __device__ __forceinline__ void operator()(int64_t) const {}
+};
+
+// The (fetch, group) ranges of n items fetched by groups of G lanes.
+__host__ __device__ __forceinline__ int64_t fetch_ranges(int64_t n, int G) {
+  const int64_t groups = 32 / G, per_fetch = groups * kFetchRounds;
+  return (n + per_fetch - 1) / per_fetch * groups;
+}
+
+template <bool kSortable = false, typename index_t, typename SliceFn, typename ShortFn,
+          typename FetchFn = NoFetchFn>
 __device__ __forceinline__ void for_each_slice_or_row(const index_t* ptr, int64_t num_edges,
                                                       const SliceList& sl, int G,
-                                                      SliceFn&& slice_fn, ShortFn&& short_fn) {
+                                                      SliceFn&& slice_fn, ShortFn&& short_fn,
+                                                      FetchFn&& fetch_done = FetchFn{}) {
   const int lane32 = threadIdx.x & 31, groups_per_warp = 32 / G, group = lane32 / G;
   const unsigned long long per_fetch = static_cast<unsigned long long>(groups_per_warp) *
                                        kFetchRounds;
@@ -184,6 +201,9 @@ __device__ __forceinline__ void for_each_slice_or_row(const index_t* ptr, int64_
           if (hi - lo <= sl.long_threshold) short_fn(item, lo, hi);
         }
       }
+      // (base is a multiple of per_fetch = groups_per_warp * kFetchRounds)
+      fetch_done((phase == 0 ? fetch_ranges(sl.num_rows, G) : int64_t{0}) +
+                 static_cast<int64_t>(base) / kFetchRounds + group);
     }
   }
 }
