@@ -152,3 +152,23 @@ def test_layer_bench_records_out_of_memory(tmp_path, monkeypatch):
         ours = rows[("GATv2 ours edge_index eager", p)]
         assert ours["status"] == "ok" and ours["check"] == "ok" and not ours["speedup"]
     assert "out of memory" in md
+
+
+def test_layer_bench_scales_checks_by_pyg_compiled_without_pyg_eager(tmp_path, monkeypatch):
+    """Without a PyG eager row (left out, or out of memory) PyG compiled's
+    errors scale the checks: with a zero tolerance, PyG compiled's own row
+    passes (its errors are the scale) and ours passes within twice them or
+    fails, never for want of a scale."""
+    monkeypatch.setitem(bench_layer.TOLERANCE, torch.float32, 0.0)
+    args = ["--device", "cpu", "--shapes", "cora-like", "--dtypes", "float32", "--conv", "gatv2",
+            "--passes", "forward", "--methods", "PyG edge_index compiled|ours edge_index eager$",
+            "--out", str(tmp_path)]
+    bench_layer.main(args)
+    rows = {r["method"]: r for r in json.loads(
+        (tmp_path / "layer_gatv2_cpu.json").read_text())["rows"]}
+    assert set(rows) == {"GATv2 PyG edge_index compiled", "GATv2 ours edge_index eager"}
+    pyg = rows["GATv2 PyG edge_index compiled"]
+    assert pyg["check"] == "ok" and pyg["rel_errs"]["out"] > 0
+    ours = rows["GATv2 ours edge_index eager"]
+    within = all(e <= 2 * pyg["rel_errs"][k] for k, e in ours["rel_errs"].items())
+    assert ours["check"] == ("ok" if within else "FAIL")
