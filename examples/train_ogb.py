@@ -603,6 +603,14 @@ def summarise(results: str, stem: str) -> Dict[str, Any]:
     meta = {k: described[-1][k] for k in ("machine", "torch", "torch_geometric",
                                           "pyg_multihead_agg", "python", "sampler",
                                           "git_commit")} if described else {}
+    if described:
+        # The runs may come from several calls: every commit (each row names
+        # its own), and the sampler of the mini-batch runs, the ones it serves.
+        commits = [r["git_commit"] for r in described if r.get("git_commit")]
+        meta["git_commit"] = ", ".join(dict.fromkeys(commits)) or None
+        sampled = [r for r in described if str(r.get("mode", "")).startswith("mini")]
+        if sampled:
+            meta["sampler"] = sampled[-1]["sampler"]
     meta["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     graph = next((r["synthetic"] for r in rows if r.get("synthetic")), None)
     writes = [r for r in rows if r.get("kind") == "write"]
@@ -619,7 +627,7 @@ def summarise(results: str, stem: str) -> Dict[str, Any]:
                      f"max degree {s['max_degree']:,}, seed {p['seed']}")
     header = ["row", "conv", "layer", "compile", "amp", "mode", "status", "epochs",
               "s / epoch (median)", "of which waiting for batches", "eval s", "peak GPU memory",
-              "best val acc", "test acc"]
+              "best val acc", "test acc", "commit"]
     table = [header, ["---"] * len(header)]
     for r in rows:
         if r.get("kind") == "write":
@@ -635,7 +643,7 @@ def summarise(results: str, stem: str) -> Dict[str, Any]:
             f"{r['eval_ms_median'] / 1e3:.3f}" if r.get("eval_ms_median") else "",
             _fmt_bytes(r.get("peak_memory_bytes")),
             f"{best['val_acc']:.4f}" if best.get("val_acc", -1) >= 0 else "",
-            f"{best['test_acc']:.4f}" if "test_acc" in best else ""])
+            f"{best['test_acc']:.4f}" if "test_acc" in best else "", r.get("git_commit") or ""])
     lines += ["", *("| " + " | ".join(row) + " |" for row in table), ""]
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines))

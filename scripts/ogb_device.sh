@@ -17,7 +17,8 @@
 #   full-compile   GAT 4 x 64, ours and PyG's, torch.compile(dynamic=True)
 #   full-bf16      GAT 4 x 64, ours and PyG's, --amp bf16
 #   full-narrow    GAT 2 x 16, ours and PyG's, eager (PyG's runs out of memory)
-#   full-fit       GAT 2 x 8, ours and PyG's, eager and compiled (a width PyG's fits)
+#   full-fit       GAT 2 x 8, ours and PyG's, eager and compiled (a width PyG's fits),
+#                  trained to its accuracy plateau (FIT_EPOCHS, FIT_LR)
 #   minibatch      GAT 4 x 64 over NeighborLoader batches (15,10,5; 1024 seeds),
 #                  ours and PyG's; without pyg-lib or torch-sparse it takes
 #                  torch-sparse's CPU operators built beforehand for this
@@ -50,7 +51,8 @@
 # Env: SAMPLER_BUILD_LIMIT (seconds for that build, default 420; it took 13
 # minutes on a 2-core CPU), EPOCHS (full-batch epochs, default 30),
 # MB_EPOCHS (mini-batch epochs, default 2), WORKERS (NeighborLoader workers, default 8), NODES (default
-# 2449029), STEP_LIMIT (seconds per run, default 240), ROOT (the graph's
+# 2449029), FIT_EPOCHS / FIT_LR (full-fit's epochs and learning rate, default
+# 100 and 0.01), STEP_LIMIT (seconds per run, default 240), ROOT (the graph's
 # folder, default /tmp/pyg_multihead_agg_ogb), RESULTS (default
 # .device/ogb_results), SUMMARY (default benchmarks/reference/ogb_cuda), DEVICE
 # (default cuda; cpu with a small NODES tries the script anywhere), PYTHON
@@ -63,6 +65,7 @@ has() { [[ ",$STEPS," == *",$1,"* ]]; }
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"; cd "$REPO"
 OUT="${OUT:-$REPO/gpu_out}"; mkdir -p "$OUT"
 EPOCHS="${EPOCHS:-30}"; MB_EPOCHS="${MB_EPOCHS:-2}"; WORKERS="${WORKERS:-8}"
+FIT_EPOCHS="${FIT_EPOCHS:-100}"; FIT_LR="${FIT_LR:-0.01}"
 NODES="${NODES:-2449029}"; LIMIT="${STEP_LIMIT:-240}"; DEVICE="${DEVICE:-cuda}"
 ROOT="${ROOT:-/tmp/pyg_multihead_agg_ogb}"
 RESULTS="${RESULTS:-$REPO/.device/ogb_results}"; mkdir -p "$RESULTS"
@@ -137,11 +140,16 @@ if has full-narrow; then
   full 50_gat_ours_2x16 ours --conv gat --heads 2 --hidden 16
   full 51_gat_pyg_2x16 pyg --conv gat --heads 2 --hidden 16
 fi
-if has full-fit; then
-  full 70_gat_ours_2x8 ours --conv gat --heads 2 --hidden 8
-  full 71_gat_pyg_2x8 pyg --conv gat --heads 2 --hidden 8
-  full 72_gat_ours_2x8_compile ours --conv gat --heads 2 --hidden 8 --compile
-  full 73_gat_pyg_2x8_compile pyg --conv gat --heads 2 --hidden 8 --compile
+if has full-fit; then  # trained to its plateau: FIT_EPOCHS epochs at learning rate FIT_LR
+  fit() {  # NAME LAYER [args]
+    local name="$1" layer="$2"; shift 2
+    row "$name" --layer "$layer" --conv gat --heads 2 --hidden 8 --epochs "$FIT_EPOCHS" \
+      --lr "$FIT_LR" --eval-every 10 --log-every 10 "$@"
+  }
+  fit 70_gat_ours_2x8 ours
+  fit 71_gat_pyg_2x8 pyg
+  fit 72_gat_ours_2x8_compile ours --compile
+  fit 73_gat_pyg_2x8_compile pyg --compile
 fi
 if has minibatch; then
   sampler='from torch_geometric.typing import WITH_PYG_LIB as a, WITH_TORCH_SPARSE as b; exit(0 if a or b else 1)'
