@@ -15,6 +15,7 @@
 #   full-gat       GAT 4 heads x 64, ours and PyG's, eager
 #   full-gatv2     GATv2 4 x 64, ours and PyG's, eager
 #   full-compile   GAT 4 x 64, ours and PyG's, torch.compile(dynamic=True)
+#   full-gatv2-compile  GATv2 4 x 64, ours and PyG's, torch.compile(dynamic=True)
 #   full-bf16      GAT 4 x 64, ours and PyG's, --amp bf16
 #   full-narrow    GAT 2 x 16, ours and PyG's, eager (PyG's runs out of memory)
 #   full-fit       GAT 2 x 8, ours and PyG's, eager and compiled (a width PyG's fits),
@@ -28,6 +29,7 @@
 #                  .device/sdist/torch_sparse-*.tar.gz: `pip download
 #                  --no-deps --no-binary :all: torch-sparse`), else writes a
 #                  "no sampler" row
+#   minibatch-compile  the same, torch.compile(dynamic=True)
 #   summary        benchmarks/reference/ogb_cuda.{md,json} from every result so far
 #   all            every step above, in this order (longer than one device call)
 # Every call ends with the summary of the results so far, and copies to $OUT:
@@ -43,6 +45,7 @@
 #   1. bash scripts/ogb_device.sh write,full-gat,full-gatv2
 #   2. bash scripts/ogb_device.sh full-compile,full-bf16,full-narrow
 #   3. bash scripts/ogb_device.sh write,full-fit,minibatch
+#   4. bash scripts/ogb_device.sh write,full-gatv2-compile,minibatch-compile
 #
 # The extension: PREBUILT=1 uses a carried pyg_multihead_agg/_C.abi3.so
 # (scripts/cross_build_device.sh, carry: ["pyg_multihead_agg/_C.abi3.so"]);
@@ -60,7 +63,7 @@
 set -uo pipefail
 STEPS="${1:?usage: scripts/ogb_device.sh STEPS (write,full-gat,...; see the header)}"
 [ "$STEPS" = all ] && \
-  STEPS=write,full-gat,full-gatv2,full-compile,full-bf16,full-narrow,full-fit,minibatch,summary
+  STEPS=write,full-gat,full-gatv2,full-compile,full-gatv2-compile,full-bf16,full-narrow,full-fit,minibatch,minibatch-compile,summary
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"; cd "$REPO"
 OUT="${OUT:-$REPO/gpu_out}"; mkdir -p "$OUT"
@@ -132,6 +135,10 @@ if has full-compile; then
   full 30_gat_ours_compile ours --conv gat --compile
   full 31_gat_pyg_compile pyg --conv gat --compile
 fi
+if has full-gatv2-compile; then
+  full 32_gatv2_ours_compile ours --conv gatv2 --compile
+  full 33_gatv2_pyg_compile pyg --conv gatv2 --compile
+fi
 if has full-bf16; then
   full 40_gat_ours_bf16 ours --conv gat --amp bf16
   full 41_gat_pyg_bf16 pyg --conv gat --amp bf16
@@ -151,7 +158,7 @@ if has full-fit; then  # trained to its plateau: FIT_EPOCHS epochs at learning r
   fit 72_gat_ours_2x8_compile ours --compile
   fit 73_gat_pyg_2x8_compile pyg --compile
 fi
-if has minibatch; then
+if has minibatch || has minibatch-compile; then
   sampler='from torch_geometric.typing import WITH_PYG_LIB as a, WITH_TORCH_SPARSE as b; exit(0 if a or b else 1)'
   # Without a sampler: torch-sparse's CPU operators (NeighborLoader samples
   # on the CPU) built beforehand, else built from a carried source archive.
@@ -170,9 +177,12 @@ if has minibatch; then
   fi
   if "$PY" -c "$sampler" 2> /dev/null; then
     # Evaluation (full graph) after the last epoch only: the rows time the batches.
+    mb=(--fanout 15,10,5 --batch-size 1024 --num-workers "$WORKERS" --epochs "$MB_EPOCHS"
+        --eval-every 0 --log-every 1)
     for layer in ours pyg; do
-      row "60_minibatch_$layer" --layer "$layer" --fanout 15,10,5 --batch-size 1024 \
-        --num-workers "$WORKERS" --epochs "$MB_EPOCHS" --eval-every 0 --log-every 1
+      has minibatch && row "60_minibatch_$layer" --layer "$layer" "${mb[@]}"
+      has minibatch-compile && row "61_minibatch_${layer}_compile" --layer "$layer" "${mb[@]}" \
+        --compile
     done
   else
     say "minibatch: no sampler (PyG's NeighborLoader needs pyg-lib or torch-sparse)"
