@@ -15,10 +15,11 @@ place), so a graph used step after step is converted once and a new graph
 (a mini-batch) is converted once per step, for all layers together. Under
 :func:`torch.compile` the conversion has shapes that do not depend on index
 values (no host sync, no recompilation when the graph size changes): a plain
-:obj:`edge_index` goes through one operator that converts each edge tensor
-once (:func:`_graph_of_edges`), the containers' conversions are traced into
-the graph, and :func:`prepare_adjacency` computes any of them once outside
-the compiled region instead.
+:obj:`edge_index` or an :class:`~torch_geometric.EdgeIndex` goes through one
+operator that converts each edge tensor once (:func:`_graph_of_edges`), the
+sparse containers' conversions are traced into the graph, and
+:func:`prepare_adjacency` computes any of them once outside the compiled
+region instead.
 """
 import collections
 import copy
@@ -26,6 +27,7 @@ import weakref
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch_geometric import EdgeIndex, is_compiling
@@ -238,7 +240,8 @@ class Graph(NamedTuple):
         spare row, if the graph has one."""
         if not self.has_spare_row:
             return t
-        return torch.cat([t, t.new_zeros((1,) + t.shape[1:])])
+        # A padding, not a concatenation with a zero row (see cat_rows).
+        return F.pad(t, (0, 0) * (t.dim() - 1) + (0, 1))
 
     def crop_rows(self, out: Tensor) -> Tensor:
         r"""The first :obj:`num_dst` rows of a per-row result."""
@@ -248,8 +251,26 @@ class Graph(NamedTuple):
         r"""Per-edge :obj:`values` in the caller's order (followed by
         :obj:`loop_values` of the added self-loops) in CSR order."""
         if loop_values is not None:
-            values = torch.cat([values, loop_values])
+            values = cat_rows(values, loop_values)
         return values if self.edge_perm is None else values[self.edge_perm]
+
+
+def cat_rows(first: Tensor, second: Tensor) -> Tensor:
+    r""":obj:`torch.cat([first, second])`; under :func:`torch.compile` as
+    one element-wise selection between the two padded inputs. Inductor
+    lowers a concatenation by having the kernels that compute its inputs
+    write straight into slices of one buffer; under its graph partition
+    (CUDA graphs, with :func:`_graph_of_edges` between partitions) those
+    kernels can land in different partitions, each writing into a buffer of
+    its own, and the concatenation came out partly unwritten (GATConv's
+    padded destination scores, its self-loops' edge scores)."""
+    if not is_compiling():
+        return torch.cat([first, second])
+    n, pad = first.size(0), (0, 0) * (first.dim() - 1)
+    rows = torch.arange(n + second.size(0), device=first.device)
+    head = (rows < n).view((-1,) + (1,) * (first.dim() - 1))
+    return torch.where(head, F.pad(first, pad + (0, second.size(0))),
+                       F.pad(second, pad + (n, 0)))
 
 
 def edge_coordinates(adj) -> Tuple[Tensor, Tensor]:
@@ -275,14 +296,7 @@ def _container_csr(adj) -> Optional[Tuple[Tensor, Tensor]]:
     if isinstance(adj, Tensor) and adj.layout == torch.sparse_csr:
         return adj.crow_indices(), adj.col_indices()
     if isinstance(adj, EdgeIndex) and adj.is_sorted_by_col:
-        if is_compiling():
-            # get_csc() writes caches, which a compiled graph cannot do on an
-            # input: read the flattened cache, or compute without caching.
-            index = adj.as_tensor()
-            rowptr = adj._indptr
-            if rowptr is None:
-                rowptr = _ptr(index[1], adj.sparse_size(1) or 0)
-            return rowptr, index[0]
+        # (eager only: under torch.compile an EdgeIndex goes to _graph_of_edges)
         (rowptr, col), _ = adj.get_csc()
         return rowptr, col
     return None
@@ -294,12 +308,6 @@ def _container_csc(adj) -> Optional[CSC]:
         perm = adj.storage.csr2csc()
         return adj.storage.colptr(), adj.storage.row()[perm], perm
     if isinstance(adj, EdgeIndex) and adj.is_sorted_by_col:
-        if is_compiling():
-            colptr, perm = adj._T_indptr, adj._T_perm
-            if colptr is None or perm is None:
-                return None
-            row = adj._T_index[1]  # the destinations in CSC order, when cached
-            return colptr, adj.as_tensor()[1][perm] if row is None else row, perm
         (colptr, row), perm = adj.get_csr()
         return colptr, row, perm
     return None
@@ -609,10 +617,11 @@ def prepare(adj, num_src: int, num_dst: int, *, self_loops: Optional[int] = None
     Eagerly the first call for a graph checks the index range (one host sync;
     :class:`IndexError` as PyG's; see :func:`set_index_check`) and the result
     is cached per adjacency object. Under :func:`torch.compile` nothing is
-    checked: a plain :obj:`edge_index` goes through one operator that keeps
-    the graphs of the last few edge tensors it saw (:func:`_graph_of_edges`),
-    the containers' conversions are part of the compiled graph, and an
-    adjacency from :func:`prepare_adjacency` brings its own.
+    checked: a plain :obj:`edge_index` or an :class:`EdgeIndex` goes through
+    one operator that keeps the graphs of the last few edge tensors it saw
+    (:func:`_graph_of_edges`), the sparse containers' conversions are part
+    of the compiled graph, and an adjacency from :func:`prepare_adjacency`
+    brings its own.
 
     Example:
         >>> import torch
@@ -626,8 +635,9 @@ def prepare(adj, num_src: int, num_dst: int, *, self_loops: Optional[int] = None
     if isinstance(attached, _Attached) and (attached.loops is None) == (self_loops is None):
         return attached.graph
     compiling = is_compiling()
-    if compiling and _plain_edge_index(adj):
-        return _compiled_graph(adj, num_src, num_dst, self_loops, need_csc)
+    if compiling and _edge_list(adj):
+        edges = adj.as_tensor() if isinstance(adj, EdgeIndex) else adj
+        return _compiled_graph(edges, num_src, num_dst, self_loops, need_csc)
     run = _outside_graph if _untraceable(adj) else _in_graph
     key = (num_src, num_dst, self_loops)
     graph = None if compiling else _cache_get(adj, key)
@@ -652,7 +662,7 @@ def prepare(adj, num_src: int, num_dst: int, *, self_loops: Optional[int] = None
 
 
 # ---------------------------------------------------------------------------
-# Under torch.compile: a plain edge_index's graph, converted once per edge tensor
+# Under torch.compile: an edge list's graph, converted once per edge tensor
 # ---------------------------------------------------------------------------
 
 # The graphs of the last _EDGES_KEPT edge tensors _graph_of_edges converted,
@@ -662,9 +672,11 @@ _EDGES: "collections.OrderedDict[tuple, Tuple[StorageWeakRef, List[Tensor]]]" = 
 _EDGES_KEPT = 8
 
 
-def _plain_edge_index(adj) -> bool:
-    return (isinstance(adj, Tensor) and not isinstance(adj, EdgeIndex)
-            and adj.layout == torch.strided and adj.dim() == 2)
+def _edge_list(adj) -> bool:
+    # A plain edge_index or an EdgeIndex: under torch.compile both go
+    # through _graph_of_edges (an EdgeIndex as its index tensor; traced, its
+    # conversion would run in every call and build no perm_inv).
+    return isinstance(adj, Tensor) and adj.layout == torch.strided and adj.dim() == 2
 
 
 def _compiled_graph(edge_index: Tensor, num_src: int, num_dst: int, loops: Optional[int],
@@ -721,7 +733,8 @@ _EDGES_TAGS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_uns
                          tags=_EDGES_TAGS)
 def _graph_of_edges(edge_index: Tensor, num_src: int, num_dst: int, loops: int,
                     need_csc: bool) -> List[Tensor]:
-    r"""The graph of a plain :obj:`edge_index` under :func:`torch.compile`:
+    r"""The graph of an edge list (a plain :obj:`edge_index`, an
+    :class:`EdgeIndex`'s index tensor) under :func:`torch.compile`:
     :obj:`[rowptr, col, edge_perm]` (and :obj:`[colptr, row, perm]` with
     :obj:`need_csc`, plus :obj:`perm_inv` on CUDA), converted as
     :func:`prepare` traces it (no index

@@ -302,7 +302,7 @@ def test_routing_adjacency_is_the_csr_and_cached_for_small_graphs(monkeypatch):
     assert torch.equal(again.as_tensor(), routing.as_tensor())
 
 
-# Under torch.compile a plain edge_index goes through one operator that keeps
+# Under torch.compile an edge list (plain or EdgeIndex) goes through one operator that keeps
 # the graphs of the last few edge tensors (graph._graph_of_edges).
 
 def _counting_build(monkeypatch):
@@ -376,20 +376,28 @@ def test_graph_of_edges_converts_each_edge_tensor_once(monkeypatch):
     assert all(key[0] == own for key in list(graphs._EDGES)[:-1])
 
 
+@pytest.mark.parametrize("adj_type", ["edge_index", "EdgeIndex", "EdgeIndex by col"])
 @pytest.mark.parametrize("add_self_loops", [False, True])
-def test_compiled_layer_converts_a_plain_edge_index_once(add_self_loops, monkeypatch):
-    """A compiled GATConv on a plain edge_index converts the graph at its
-    first call only, as the eager layer does, matches eager (output and
-    gradients), and converts again after an in-place change of the edges."""
+def test_compiled_layer_converts_an_edge_list_once(add_self_loops, adj_type, monkeypatch):
+    """A compiled GATConv on a plain edge_index or an EdgeIndex converts the
+    graph at its first call only, as the eager layer does (an EdgeIndex
+    through its index tensor, not traced into every call), matches eager
+    (output and gradients), and converts again after an in-place change of
+    the edges."""
     torch.manual_seed(0)
     n = 12
     edge_index = torch.randint(0, n, (2, 40))
+    adj = edge_index
+    if adj_type != "edge_index":
+        adj = EdgeIndex(edge_index, sparse_size=(n, n))
+        if adj_type == "EdgeIndex by col":
+            adj = adj.sort_by("col")[0].fill_cache_()
     x = torch.randn(n, 8)
     layer = pma.nn.GATConv(8, 4, heads=2, add_self_loops=add_self_loops)
     params = list(layer.parameters())
 
     def step(model):
-        out = model(x, edge_index)
+        out = model(x, adj)
         return out, torch.autograd.grad(out.square().sum(), params)
     torch._dynamo.reset()
     graphs._EDGES.clear()
@@ -398,13 +406,19 @@ def test_compiled_layer_converts_a_plain_edge_index_once(add_self_loops, monkeyp
     for _ in range(3):
         out, grads = step(compiled)
     assert len(calls) == 1
+    edges = adj.as_tensor() if isinstance(adj, EdgeIndex) else adj
+    assert [key[0] for key in graphs._EDGES] == [edges.untyped_storage().data_ptr()]
     graphs.clear_cache()
     want, want_grads = step(layer)
     assert torch.allclose(out, want, atol=1e-6)
     for g, w in zip(grads, want_grads, strict=True):
         assert torch.allclose(g, w, atol=1e-5)
-    edge_index[1, :5] = (edge_index[1, :5] + 1) % n  # in place
+    if adj_type == "EdgeIndex by col":
+        return  # (an in-place edit would break its sort order)
+    edge_index[1, :5] = (edge_index[1, :5] + 1) % n  # in place (an EdgeIndex's data too)
+    before = len(calls)
     out, _ = step(compiled)
+    assert len(calls) == before + 1
     graphs.clear_cache()
     want, _ = step(layer)
     assert torch.allclose(out, want, atol=1e-6)
@@ -432,3 +446,20 @@ def test_inference_mode_graphs_are_converted_not_cached(device):
     with torch.inference_mode():
         parts = torch.ops.pyg_multihead_agg._graph_of_edges(frozen, 10, 10, 10, False)
     assert not graphs._EDGES and parts[1].numel() == 40
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(), (3,), (2, 4)])
+def test_cat_rows_compiled_is_cat(shape, device):
+    """cat_rows, the layers' row concatenation: torch.cat eagerly, and the
+    same values (bitwise) from its element-wise form under torch.compile."""
+    gen = torch.Generator().manual_seed(0)
+    first = torch.randn((5,) + shape, generator=gen).to(device)
+    second = torch.randn((3,) + shape, generator=gen).to(device)
+    first.view(-1)[0] = -0.0
+    torch._dynamo.reset()
+    compiled = torch.compile(graphs.cat_rows, backend="aot_eager", fullgraph=True)
+    want = torch.cat([first, second])
+    for got in (graphs.cat_rows(first, second), compiled(first, second)):
+        assert got.shape == want.shape and torch.equal(got, want)
+        assert torch.equal(got.signbit(), want.signbit())

@@ -408,7 +408,7 @@ class FusedAttention:
             else:
                 src, dst = graphs.edge_coordinates(edge_index)
                 if edge_values is not None:
-                    edge_values = torch.cat([edge_values[src != dst], loop_edge_values])
+                    edge_values = graphs.cat_rows(edge_values[src != dst], loop_edge_values)
                 looped, _ = remove_self_loops(edge_index)
                 looped, _ = add_self_loops(looped, num_nodes=loops)
         src, dst = graphs.edge_coordinates(looped)
