@@ -518,9 +518,7 @@ def run(args: argparse.Namespace, device: torch.device, rank: int, world: int) -
     result = dict(
         kind="train", status=status, dataset=args.dataset, synthetic=synthetic,
         conv=args.conv, layer=args.layer, world_size=world,
-        mode="full batch" if args.fanout is None else
-        f"mini-batch {','.join(map(str, args.fanout))}, batch {args.batch_size}",
-        compile=args.compile, amp=args.amp, epochs=len(history["epoch_ms"]),
+        mode=run_mode(args), compile=args.compile, amp=args.amp, epochs=len(history["epoch_ms"]),
         num_nodes=int(data.num_nodes), num_edges=int(data.edge_index.size(1)),
         load_s=round(load_s, 2),
         epoch_ms_median=statistics.median(timed) if timed else None,
@@ -585,6 +583,13 @@ def _sampler_name() -> Optional[str]:
 # Summary of several runs (scripts/ogb_device.sh)
 # ---------------------------------------------------------------------------
 
+def run_mode(args: argparse.Namespace) -> str:
+    """The run's mode as the results name it: full batch, or mini-batch."""
+    if args.fanout is None:
+        return "full batch"
+    return f"mini-batch {','.join(map(str, args.fanout))}, batch {args.batch_size}"
+
+
 def summarise(results: str, stem: str) -> Dict[str, Any]:
     """STEM.json (every result in the folder `results`, history left out) and
     STEM.md (the machine, the synthetic graph, a table of the runs). A result
@@ -596,6 +601,11 @@ def summarise(results: str, stem: str) -> Dict[str, Any]:
             row = json.load(f)
         row.pop("history", None)
         row.setdefault("row", os.path.splitext(os.path.basename(path))[0])
+        if isinstance(row.get("args"), list) and "conv" not in row:
+            # A run that wrote no result: its settings from its arguments.
+            args = parse_args(row["args"])
+            row.update(conv=args.conv, layer=args.layer, compile=args.compile, amp=args.amp,
+                       mode=run_mode(args))
         rows.append(row)
     if not rows:
         raise SystemExit(f"error: no result files (*.json) in {results}")

@@ -371,13 +371,20 @@ def test_summary_of_several_runs(root, tmp_path):
     run(["--root", root, "--synthetic", str(NODES), "--epochs", "2", "--json",
          str(results / "1_gat.json")])
     (results / "2_pyg.json").write_text(json.dumps({"status": "timed out after 480 s"}))
+    # a crashed run's row as scripts/ogb_device.sh writes it: settings from its arguments
+    (results / "3_pyg.json").write_text(json.dumps({
+        "status": "failed (exit 1): RuntimeError", "args": [
+            "--layer", "pyg", "--conv", "gatv2", "--compile", "--fanout", "15,10",
+            "--batch-size", "512"]}))
     stem = str(tmp_path / "ogb_cpu")
     summary = train_ogb.main(["--summarise", str(results), stem])
-    assert [r["row"] for r in summary["rows"]] == ["0_write", "1_gat", "2_pyg"]
+    assert [r["row"] for r in summary["rows"]] == ["0_write", "1_gat", "2_pyg", "3_pyg"]
     assert summary["meta"]["git_commit"] is not None and summary["meta"]["machine"]
     assert "history" not in summary["rows"][1]
     text = open(stem + ".md").read()
     assert "| 1_gat | gat | ours |" in text and "timed out after 480 s" in text
+    assert ("| 3_pyg | gatv2 | pyg | yes |  | mini-batch 15,10, batch 512 | failed (exit 1): "
+            "RuntimeError |") in text
     assert f"synthetic graph: {NODES} nodes" in text
     assert json.loads(open(stem + ".json").read())["rows"][2]["status"].startswith("timed out")
 
