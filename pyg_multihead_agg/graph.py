@@ -15,9 +15,10 @@ place), so a graph used step after step is converted once and a new graph
 (a mini-batch) is converted once per step, for all layers together. Under
 :func:`torch.compile` the conversion has shapes that do not depend on index
 values (no host sync, no recompilation when the graph size changes): a plain
-:obj:`edge_index` or an :class:`~torch_geometric.EdgeIndex` goes through one
-operator that converts each edge tensor once (:func:`_graph_of_edges`), the
-sparse containers' conversions are traced into the graph, and
+:obj:`edge_index`, an :class:`~torch_geometric.EdgeIndex` and a
+:class:`torch_sparse.SparseTensor` with filled caches go through one
+operator that converts each edge list once (:func:`_graph_of_edges`), the
+other adjacencies' conversions are traced into the graph, and
 :func:`prepare_adjacency` computes any of them once outside the compiled
 region instead.
 """
@@ -617,9 +618,10 @@ def prepare(adj, num_src: int, num_dst: int, *, self_loops: Optional[int] = None
     Eagerly the first call for a graph checks the index range (one host sync;
     :class:`IndexError` as PyG's; see :func:`set_index_check`) and the result
     is cached per adjacency object. Under :func:`torch.compile` nothing is
-    checked: a plain :obj:`edge_index` or an :class:`EdgeIndex` goes through
-    one operator that keeps the graphs of the last few edge tensors it saw
-    (:func:`_graph_of_edges`), the sparse containers' conversions are part
+    checked: a plain :obj:`edge_index`, an :class:`EdgeIndex` and a
+    :class:`SparseTensor` with filled caches go through one operator that
+    keeps the graphs of the last few edge lists it saw
+    (:func:`_graph_of_edges`), the other adjacencies' conversions are part
     of the compiled graph, and an adjacency from :func:`prepare_adjacency`
     brings its own.
 
@@ -635,9 +637,9 @@ def prepare(adj, num_src: int, num_dst: int, *, self_loops: Optional[int] = None
     if isinstance(attached, _Attached) and (attached.loops is None) == (self_loops is None):
         return attached.graph
     compiling = is_compiling()
-    if compiling and _edge_list(adj):
-        edges = adj.as_tensor() if isinstance(adj, EdgeIndex) else adj
-        return _compiled_graph(edges, num_src, num_dst, self_loops, need_csc)
+    pair = _edge_pair(adj) if compiling else None
+    if pair is not None:
+        return _compiled_graph(*pair, num_src, num_dst, self_loops, need_csc)
     run = _outside_graph if _untraceable(adj) else _in_graph
     key = (num_src, num_dst, self_loops)
     graph = None if compiling else _cache_get(adj, key)
@@ -662,64 +664,75 @@ def prepare(adj, num_src: int, num_dst: int, *, self_loops: Optional[int] = None
 
 
 # ---------------------------------------------------------------------------
-# Under torch.compile: an edge list's graph, converted once per edge tensor
+# Under torch.compile: an edge list's graph, converted once per edge list
 # ---------------------------------------------------------------------------
 
-# The graphs of the last _EDGES_KEPT edge tensors _graph_of_edges converted,
-# most recent last: key -> (weak reference to the edge storage, parts).
-_EDGES: "collections.OrderedDict[tuple, Tuple[StorageWeakRef, List[Tensor]]]" = (
+# The graphs of the last _EDGES_KEPT edge lists _graph_of_edges converted,
+# most recent last: key -> (weak references to the source and destination
+# index storages, parts).
+_EDGES: "collections.OrderedDict[tuple, Tuple[Tuple[StorageWeakRef, ...], List[Tensor]]]" = (
     collections.OrderedDict())
 _EDGES_KEPT = 8
 
 
-def _edge_list(adj) -> bool:
-    # A plain edge_index or an EdgeIndex: under torch.compile both go
-    # through _graph_of_edges (an EdgeIndex as its index tensor; traced, its
-    # conversion would run in every call and build no perm_inv).
-    return isinstance(adj, Tensor) and adj.layout == torch.strided and adj.dim() == 2
+def _edge_pair(adj) -> Optional[Tuple[Tensor, Tensor]]:
+    # The (sources, destinations) index tensors that _graph_of_edges takes
+    # under torch.compile, as views of the adjacency's own storage (which
+    # keys its cache), or None where the conversion is traced instead: a
+    # plain edge_index, an EdgeIndex's index tensor (traced, its conversion
+    # would run in every call and build no perm_inv), and a SparseTensor
+    # whose row indices are cached (fill_cache_(); else they are computed in
+    # every call and would never match the cache).
+    if isinstance(adj, SparseTensor):
+        row = adj.storage._row
+        return None if row is None else (adj.storage.col(), row)
+    if isinstance(adj, Tensor) and adj.layout == torch.strided and adj.dim() == 2:
+        index = adj.as_tensor() if isinstance(adj, EdgeIndex) else adj
+        return index[0], index[1]
+    return None
 
 
-def _compiled_graph(edge_index: Tensor, num_src: int, num_dst: int, loops: Optional[int],
-                    need_csc: bool) -> Graph:
+def _compiled_graph(src: Tensor, dst: Tensor, num_src: int, num_dst: int,
+                    loops: Optional[int], need_csc: bool) -> Graph:
     parts = torch.ops.pyg_multihead_agg._graph_of_edges(
-        edge_index, num_src, num_dst, -1 if loops is None else loops, need_csc)
+        src, dst, num_src, num_dst, -1 if loops is None else loops, need_csc)
     csc = tuple(parts[3:6]) if need_csc else None
     perm_inv = parts[6] if len(parts) > 6 else None
     return Graph(parts[0], parts[1], csc, perm_inv, parts[2], num_dst)
 
 
-def _edges_key(edge_index: Tensor, *args) -> tuple:
+def _index_key(index: Tensor) -> tuple:
     # The storage (by its data address; the weak reference kept beside the
     # entry tells whether that storage still lives, since a new one may take
-    # a freed address), the view, the version (an in-place change bumps it)
-    # and the conversion's arguments.
-    return (edge_index.untyped_storage().data_ptr(), edge_index.device, edge_index.dtype,
-            edge_index.storage_offset(), tuple(edge_index.shape), edge_index.stride(),
-            edge_index._version) + args
+    # a freed address), the view and the version (an in-place change bumps it).
+    return (index.untyped_storage().data_ptr(), index.device, index.dtype,
+            index.storage_offset(), tuple(index.shape), index.stride(), index._version)
 
 
-def _graph_of_edges_parts(edge_index: Tensor, num_src: int, num_dst: int, loops: int,
+def _graph_of_edges_parts(src: Tensor, dst: Tensor, num_src: int, num_dst: int, loops: int,
                           need_csc: bool) -> List[Tensor]:
     # (indices made under torch.inference_mode keep no version counter: not kept)
-    keep = not edge_index.is_inference()
-    key = _edges_key(edge_index, num_src, num_dst, loops, need_csc) if keep else None
+    keep = not (src.is_inference() or dst.is_inference())
+    key = (_index_key(src), _index_key(dst), num_src, num_dst, loops, need_csc) if keep else None
     hit = _EDGES.get(key) if keep else None
-    if hit is not None and not hit[0].expired():
+    if hit is not None and not any(ref.expired() for ref in hit[0]):
         _EDGES.move_to_end(key)
         return hit[1]
+    edge_index = torch.stack([src, dst])
     graph = _build(edge_index, num_src, num_dst, None if loops < 0 else loops, False, need_csc)
     if need_csc and graph.csc is None:
         graph = _with_csc(graph, edge_index, num_src, False)
     if need_csc and graph.perm_inv is None and edge_index.is_cuda:
-        # converted once per edge tensor: the CUDA backward's faster write
+        # converted once per edge list: the CUDA backward's faster write
         # order pays from the first step on
         graph = graph._replace(perm_inv=invert_perm(graph.csc[2]))
     parts = [graph.rowptr, graph.col, graph.edge_perm] + (
         list(graph.csc) + ([graph.perm_inv] if edge_index.is_cuda else []) if need_csc else [])
     if keep:
-        for stale in [k for k, (ref, _) in _EDGES.items() if ref.expired()]:
+        for stale in [k for k, (refs, _) in _EDGES.items() if any(r.expired() for r in refs)]:
             del _EDGES[stale]
-        _EDGES[key] = (StorageWeakRef(edge_index.untyped_storage()), parts)
+        refs = tuple(StorageWeakRef(t.untyped_storage()) for t in (src, dst))
+        _EDGES[key] = (refs, parts)
         while len(_EDGES) > _EDGES_KEPT:
             _EDGES.popitem(last=False)
     return parts
@@ -731,32 +744,35 @@ _EDGES_TAGS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_uns
 
 @torch.library.custom_op("pyg_multihead_agg::_graph_of_edges", mutates_args=(),
                          tags=_EDGES_TAGS)
-def _graph_of_edges(edge_index: Tensor, num_src: int, num_dst: int, loops: int,
+def _graph_of_edges(src: Tensor, dst: Tensor, num_src: int, num_dst: int, loops: int,
                     need_csc: bool) -> List[Tensor]:
-    r"""The graph of an edge list (a plain :obj:`edge_index`, an
-    :class:`EdgeIndex`'s index tensor) under :func:`torch.compile`:
+    r"""The graph of an edge list (sources :obj:`src` and destinations
+    :obj:`dst`: the rows of a plain :obj:`edge_index` or of an
+    :class:`EdgeIndex`'s index tensor, a :class:`SparseTensor`'s cached
+    column and row indices) under :func:`torch.compile`:
     :obj:`[rowptr, col, edge_perm]` (and :obj:`[colptr, row, perm]` with
     :obj:`need_csc`, plus :obj:`perm_inv` on CUDA), converted as
     :func:`prepare` traces it (no index
     check; the caller's self-loops to a spare row when :obj:`loops >= 0`),
-    once per edge tensor: the graphs of the last few edge tensors (by
-    storage, view and version) are kept, so that a compiled model on a
-    fixed graph converts it once, as an eager one does, and the layers of
-    one step share a mini-batch's. Returned as copies, which the compiled
-    graph owns (it may reuse an operator's outputs as scratch)."""
-    return [t.clone() for t in _graph_of_edges_parts(edge_index, num_src, num_dst, loops,
+    once per edge list: the graphs of the last few edge lists (by
+    storage, view and version of both index tensors) are kept, so that a
+    compiled model on a fixed graph converts it once, as an eager one does,
+    and the layers of one step share a mini-batch's. Returned as copies,
+    which the compiled graph owns (it may reuse an operator's outputs as
+    scratch)."""
+    return [t.clone() for t in _graph_of_edges_parts(src, dst, num_src, num_dst, loops,
                                                        need_csc)]
 
 
 @_graph_of_edges.register_fake
-def _(edge_index, num_src, num_dst, loops, need_csc):
-    num_edges = edge_index.size(1)
+def _(src, dst, num_src, num_dst, loops, need_csc):
+    num_edges = src.size(0)
     rows, total = (num_dst, num_edges) if loops < 0 else (num_dst + 1, num_edges + loops)
-    dtype = _index_dtype(edge_index.device, total, num_src, rows)
+    dtype = _index_dtype(src.device, total, num_src, rows)
     sizes = [rows + 1, total, total] + ([num_src + 1, total, total] if need_csc else [])
-    if need_csc and edge_index.device.type == "cuda":
+    if need_csc and src.device.type == "cuda":
         sizes.append(total)  # perm_inv
-    return [edge_index.new_empty(size, dtype=dtype) for size in sizes]
+    return [src.new_empty(size, dtype=dtype) for size in sizes]
 
 
 def _untraceable(adj) -> bool:

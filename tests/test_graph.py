@@ -302,8 +302,9 @@ def test_routing_adjacency_is_the_csr_and_cached_for_small_graphs(monkeypatch):
     assert torch.equal(again.as_tensor(), routing.as_tensor())
 
 
-# Under torch.compile an edge list (plain or EdgeIndex) goes through one operator that keeps
-# the graphs of the last few edge tensors (graph._graph_of_edges).
+# Under torch.compile an edge list (plain, EdgeIndex, a SparseTensor's cached indices) goes
+# through one operator that keeps the graphs of the last few edge lists
+# (graph._graph_of_edges).
 
 def _counting_build(monkeypatch):
     calls = []
@@ -328,7 +329,7 @@ def test_graph_of_edges_is_the_traced_conversion(loops, need_csc, device):
     edge_index = torch.randint(0, 6, (2, 20), generator=gen).to(device)
     graphs._EDGES.clear()
     parts = torch.ops.pyg_multihead_agg._graph_of_edges(
-        edge_index, 6, 6, -1 if loops is None else loops, need_csc)
+        edge_index[0], edge_index[1], 6, 6, -1 if loops is None else loops, need_csc)
     want = graphs._build(edge_index, 6, 6, loops, False, need_csc)
     if need_csc and want.csc is None:
         want = graphs._with_csc(want, edge_index, 6, False)
@@ -341,20 +342,24 @@ def test_graph_of_edges_is_the_traced_conversion(loops, need_csc, device):
     # Copies: the caller may write into them without touching the kept graph.
     parts[1].fill_(-1)
     again = torch.ops.pyg_multihead_agg._graph_of_edges(
-        edge_index, 6, 6, -1 if loops is None else loops, need_csc)
+        edge_index[0], edge_index[1], 6, 6, -1 if loops is None else loops, need_csc)
     assert torch.equal(again[1], want.col)
     torch.library.opcheck(torch.ops.pyg_multihead_agg._graph_of_edges.default,
-                          (edge_index, 6, 6, -1 if loops is None else loops, need_csc))
+                          (edge_index[0], edge_index[1], 6, 6, -1 if loops is None else loops,
+                           need_csc))
 
 
 def test_graph_of_edges_converts_each_edge_tensor_once(monkeypatch):
-    """Per edge tensor, one conversion: again for the same tensor (and for a
-    view of the same storage with the same shape) it is kept; an in-place
-    change, another tensor, or other sizes convert anew; dead tensors' graphs
-    are dropped and at most _EDGES_KEPT are kept."""
+    """Per edge list, one conversion: again for the same index tensors (and
+    for views of the same storage with the same shape) it is kept; an
+    in-place change, other tensors (either of the two), or other sizes
+    convert anew; dead tensors' graphs are dropped and at most _EDGES_KEPT
+    are kept."""
     calls = _counting_build(monkeypatch)
     graphs._EDGES.clear()
-    op = torch.ops.pyg_multihead_agg._graph_of_edges
+
+    def op(edge_index, *args):
+        return torch.ops.pyg_multihead_agg._graph_of_edges(edge_index[0], edge_index[1], *args)
     edge_index = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]])
     first = op(edge_index, 4, 4, 4, True)
     op(edge_index, 4, 4, 4, True)
@@ -366,32 +371,42 @@ def test_graph_of_edges_converts_each_edge_tensor_once(monkeypatch):
     assert len(calls) == 3 and not torch.equal(changed[1], first[1])
     op(edge_index.clone(), 4, 4, 4, True)  # another tensor, same values
     assert len(calls) == 4
+    torch.ops.pyg_multihead_agg._graph_of_edges(  # one of the two another tensor
+        edge_index[0], edge_index[1].clone(), 4, 4, 4, True)
+    assert len(calls) == 5
     for _ in range(graphs._EDGES_KEPT + 3):
         op(torch.tensor([[0, 1], [1, 0]]), 2, 2, -1, False)  # each dies after the call
     assert len(graphs._EDGES) <= graphs._EDGES_KEPT
     own = edge_index.untyped_storage().data_ptr()
-    others = [ref for key, (ref, _) in graphs._EDGES.items() if key[0] != own]
-    assert others and all(ref.expired() for ref in others)  # kept only while their tensor lives
+    others = [refs for key, (refs, _) in graphs._EDGES.items() if key[0][0] != own]
+    # kept only while their tensors live
+    assert others and all(any(ref.expired() for ref in refs) for refs in others)
     op(torch.tensor([[0, 1], [1, 0]]), 2, 2, -1, True)  # a conversion drops the dead ones
-    assert all(key[0] == own for key in list(graphs._EDGES)[:-1])
+    assert all(key[0][0] == own for key in list(graphs._EDGES)[:-1])
 
 
-@pytest.mark.parametrize("adj_type", ["edge_index", "EdgeIndex", "EdgeIndex by col"])
+@pytest.mark.parametrize("adj_type", [
+    "edge_index", "EdgeIndex", "EdgeIndex by col",
+    pytest.param("SparseTensor", marks=pytest.mark.skipif(not WITH_TORCH_SPARSE,
+                                                          reason="needs torch_sparse"))])
 @pytest.mark.parametrize("add_self_loops", [False, True])
 def test_compiled_layer_converts_an_edge_list_once(add_self_loops, adj_type, monkeypatch):
-    """A compiled GATConv on a plain edge_index or an EdgeIndex converts the
-    graph at its first call only, as the eager layer does (an EdgeIndex
-    through its index tensor, not traced into every call), matches eager
-    (output and gradients), and converts again after an in-place change of
-    the edges."""
+    """A compiled GATConv on a plain edge_index, an EdgeIndex or a
+    SparseTensor with filled caches converts the graph at its first call
+    only, as the eager layer does (through their index tensors, not traced
+    into every call), matches eager (output and gradients), and converts
+    again after an in-place change of the edges."""
     torch.manual_seed(0)
     n = 12
     edge_index = torch.randint(0, n, (2, 40))
     adj = edge_index
-    if adj_type != "edge_index":
+    if adj_type.startswith("EdgeIndex"):
         adj = EdgeIndex(edge_index, sparse_size=(n, n))
         if adj_type == "EdgeIndex by col":
             adj = adj.sort_by("col")[0].fill_cache_()
+    elif adj_type == "SparseTensor":
+        adj = SparseTensor(row=edge_index[1], col=edge_index[0],
+                           sparse_sizes=(n, n)).fill_cache_()
     x = torch.randn(n, 8)
     layer = pma.nn.GATConv(8, 4, heads=2, add_self_loops=add_self_loops)
     params = list(layer.parameters())
@@ -406,15 +421,15 @@ def test_compiled_layer_converts_an_edge_list_once(add_self_loops, adj_type, mon
     for _ in range(3):
         out, grads = step(compiled)
     assert len(calls) == 1
-    edges = adj.as_tensor() if isinstance(adj, EdgeIndex) else adj
-    assert [key[0] for key in graphs._EDGES] == [edges.untyped_storage().data_ptr()]
+    src = graphs._edge_pair(adj)[0]
+    assert [key[0][0] for key in graphs._EDGES] == [src.untyped_storage().data_ptr()]
     graphs.clear_cache()
     want, want_grads = step(layer)
     assert torch.allclose(out, want, atol=1e-6)
     for g, w in zip(grads, want_grads, strict=True):
         assert torch.allclose(g, w, atol=1e-5)
-    if adj_type == "EdgeIndex by col":
-        return  # (an in-place edit would break its sort order)
+    if adj_type in ("EdgeIndex by col", "SparseTensor"):
+        return  # (an in-place edit would break their sort order)
     edge_index[1, :5] = (edge_index[1, :5] + 1) % n  # in place (an EdgeIndex's data too)
     before = len(calls)
     out, _ = step(compiled)
@@ -444,7 +459,8 @@ def test_inference_mode_graphs_are_converted_not_cached(device):
                           atol=1e-6)
     graphs._EDGES.clear()
     with torch.inference_mode():
-        parts = torch.ops.pyg_multihead_agg._graph_of_edges(frozen, 10, 10, 10, False)
+        parts = torch.ops.pyg_multihead_agg._graph_of_edges(frozen[0], frozen[1], 10, 10, 10,
+                                                            False)
     assert not graphs._EDGES and parts[1].numel() == 40
 
 
