@@ -276,7 +276,10 @@ def cat_rows(first: Tensor, second: Tensor) -> Tensor:
 
 def edge_coordinates(adj) -> Tuple[Tensor, Tensor]:
     r"""(source, destination) of every edge of any PyG adjacency, in the
-    adjacency's own edge order (the order of its edge features)."""
+    adjacency's own edge order (the order of its edge features); a pair of
+    index tensors is its own."""
+    if isinstance(adj, tuple):
+        return adj
     if isinstance(adj, SparseTensor):
         return adj.storage.col(), adj.storage.row()
     if isinstance(adj, Tensor) and adj.layout == torch.sparse_csr:
@@ -718,16 +721,16 @@ def _graph_of_edges_parts(src: Tensor, dst: Tensor, num_src: int, num_dst: int, 
     if hit is not None and not any(ref.expired() for ref in hit[0]):
         _EDGES.move_to_end(key)
         return hit[1]
-    edge_index = torch.stack([src, dst])
-    graph = _build(edge_index, num_src, num_dst, None if loops < 0 else loops, False, need_csc)
+    pair = (src, dst)  # (an edge list as _build reads it, no stacked copy)
+    graph = _build(pair, num_src, num_dst, None if loops < 0 else loops, False, need_csc)
     if need_csc and graph.csc is None:
-        graph = _with_csc(graph, edge_index, num_src, False)
-    if need_csc and graph.perm_inv is None and edge_index.is_cuda:
+        graph = _with_csc(graph, pair, num_src, False)
+    if need_csc and graph.perm_inv is None and src.is_cuda:
         # converted once per edge list: the CUDA backward's faster write
         # order pays from the first step on
         graph = graph._replace(perm_inv=invert_perm(graph.csc[2]))
     parts = [graph.rowptr, graph.col, graph.edge_perm] + (
-        list(graph.csc) + ([graph.perm_inv] if edge_index.is_cuda else []) if need_csc else [])
+        list(graph.csc) + ([graph.perm_inv] if src.is_cuda else []) if need_csc else [])
     if keep:
         for stale in [k for k, (refs, _) in _EDGES.items() if any(r.expired() for r in refs)]:
             del _EDGES[stale]
