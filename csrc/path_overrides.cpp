@@ -31,6 +31,7 @@ constexpr std::array<PathInfo, static_cast<size_t>(KernelPath::kCount)> kPaths{{
     {"onepass_min", 0, kNoLimit},
     {"slice_len", 1, kNoLimit},
     {"cpu_avx2", 0, 1},
+    {"fetch_rounds", 1, 8},
 }};
 
 std::atomic<int64_t>* values() {

@@ -22,6 +22,7 @@ enum class KernelPath : int {
   kOnepassMin,   // fused forward: rows of more entries take the one-pass path (>= 0)
   kSliceLen,     // sliced passes: rows longer than this are cut into slices of it (>= 1)
   kCpuAvx2,      // CPU kernels: the baseline ISA (0) or AVX2 and FMA (1, where the CPU has them)
+  kFetchRounds,  // persistent kernels: rounds of short rows per warp fetch (1..8)
   kCount,
 };
 

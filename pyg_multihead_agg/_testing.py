@@ -40,6 +40,9 @@ KERNEL_PATHS = {
     "slice_len": (1, None),
     # CPU kernels: the baseline ISA (0), or AVX2 and FMA (1; where the CPU has them)
     "cpu_avx2": (0, 1),
+    # persistent CUDA kernels: rounds of short rows a warp takes per fetch
+    # (the heuristic: fewer than 8 only on small graphs)
+    "fetch_rounds": (1, 8),
 }
 
 

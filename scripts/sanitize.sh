@@ -164,6 +164,11 @@ SORTED=(
 # perm_inv (grad_weight and the weights by CSC entry, gathered through
 # perm_inv / perm) runs in every check_all_ops case above; here its
 # out-of-range perm_inv.
+FETCH=(
+  "$K::test_fetch_rounds_same_results[4-32-dtype0]"
+  "$K::test_fetch_rounds_same_results[4-32-dtype1]"
+  "$K::test_fetch_rounds_same_results[3-7-dtype1]"
+)
 PERMINV=(
   "tests/test_ops.py::test_out_of_range_perm_inv_does_not_fault_cuda[torch.float32]"
   "tests/test_ops.py::test_out_of_range_perm_inv_does_not_fault_cuda[torch.bfloat16]"
@@ -207,21 +212,22 @@ MALFORMED=(
 OURS=(--kernel-name kns=pyg_multihead_agg)
 
 selection() {
-  if [ -n "${SANITIZE_SETS:-}" ]; then  # the named sets under every tool
-    local set_name
-    for set_name in $SANITIZE_SETS; do eval "echo \"\${${set_name}[@]}\""; done
+  if [ -n "${SANITIZE_SETS:-}" ]; then  # the named sets under every tool, on one line
+    local set_name all=()
+    for set_name in $SANITIZE_SETS; do eval "all+=(\"\${${set_name}[@]}\")"; done
+    echo "${all[@]}"
     return
   fi
   case "$1" in
     memcheck) echo "${SMALL[@]}" "${NARROW[@]}" "${HUB[@]}" "${GAT[@]}" "${GATV2[@]}" "${TRANSFORMER[@]}" "${DONATION[@]}" "${TRANSPOSED[@]}" \
-      "${SORTED[@]}" "${PERMINV[@]}" "${TC[@]}" "${MALFORMED[@]}";;
+      "${SORTED[@]}" "${FETCH[@]}" "${PERMINV[@]}" "${TC[@]}" "${MALFORMED[@]}";;
     memcheck_large) echo "tests/test_large_index.py::test_many_source_rows[4-64-index_dtype0]";;
     racecheck) echo "${HUB[@]}" "${SMALL[0]}" "${SMALL[2]}" "${GAT[@]:1:2}" "${GAT[@]:4:2}" \
-      "${SORTED[@]:0:1}" "${PERMINV[@]:0:2}" "${TC[@]:0:2}" "${TC[@]:5:1}" "${GATV2[@]:0:3}" "${TRANSFORMER[@]:0:3}";;
+      "${SORTED[@]:0:1}" "${FETCH[@]:1:1}" "${PERMINV[@]:0:2}" "${TC[@]:0:2}" "${TC[@]:5:1}" "${GATV2[@]:0:3}" "${TRANSFORMER[@]:0:3}";;
     initcheck) echo "${SMALL[@]:0:3}" "${NARROW[0]}" "${HUB[0]}" \
       "$K::test_malformed_graphs_do_not_fault" "${GAT[@]}" "${GATV2[@]}" "${TRANSFORMER[@]}" "${DONATION[@]}" "${TRANSPOSED[@]}";;
     synccheck) echo "${SMALL[@]:0:3}" "${NARROW[0]}" "${HUB[@]}" "${GAT[@]}" "${TRANSPOSED[@]}" \
-      "${SORTED[@]}" "${PERMINV[@]:0:4}" "${TC[@]:0:3}" "${TC[@]:5:1}" "${GATV2[@]}" "${TRANSFORMER[@]}";;
+      "${SORTED[@]}" "${FETCH[@]}" "${PERMINV[@]:0:4}" "${TC[@]:0:3}" "${TC[@]:5:1}" "${GATV2[@]}" "${TRANSFORMER[@]}";;
   esac
 }
 

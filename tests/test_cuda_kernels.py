@@ -8,8 +8,14 @@ than a chunk), and long rows handled by a whole block (more than 64 edges).
 """
 import pytest
 import torch
-from conftest import poison, reference_grad_x, reference_sddmm, reference_spmm
+from conftest import poison, reference_grad_x, reference_sddmm, reference_spmm, rel_error
+from gat_reference import (
+    reference_gat_attention,
+    reference_gatv2_attention,
+    reference_transformer_attention,
+)
 
+import pyg_multihead_agg as pma
 from pyg_multihead_agg import csr_to_csc, invert_perm
 from pyg_multihead_agg._testing import force_kernel_path
 
@@ -379,6 +385,78 @@ def test_sorted_fetch_same_results(heads, channels, dtype, index_dtype):
     for a, b, name in zip(*got, ("forward", "grad_x", "grad_weight", "forward per group"),
                           strict=True):
         assert torch.equal(a, b), name
+
+
+def _attention_results(op, rowptr, col, inputs, grad_out):
+    """out, lse and the gradients of (grad_out * out).sum() + lse[finite].sum()
+    of a fused attention op on CUDA, and the same in float64 by its reference."""
+    results = []
+    for device in ("cuda", "cpu"):
+        leaves = [t.to(device, torch.float64 if device == "cpu" else t.dtype)
+                  .detach().requires_grad_() for t in inputs]
+        fn = op if device == "cuda" else REFERENCES[op]
+        out, lse = fn(rowptr if device == "cuda" else rowptr.cpu(),
+                      col if device == "cuda" else col.cpu(), *leaves)
+        finite = torch.isfinite(lse)
+        loss = (out.to(torch.float64) * grad_out.to(out.device, torch.float64)).sum() \
+            + lse.to(torch.float64)[finite].sum()
+        results.append([out, lse, *torch.autograd.grad(loss, leaves)])
+    return results
+
+
+REFERENCES = {pma.gat_attention: reference_gat_attention,
+              pma.gatv2_attention: reference_gatv2_attention,
+              pma.transformer_attention: reference_transformer_attention}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("heads,channels", [(4, 32), (3, 7)])
+def test_fetch_rounds_same_results(heads, channels, dtype):
+    """A persistent kernel's warps take 1 to 8 rounds of short rows per
+    fetch (fetch_rounds in csrc/cuda/utils/fetch_order.cuh: fewer on small
+    graphs, so that their rows spread over the device). Forced to 1, 3 and 8
+    rounds, on power-law rows with a hub, empty rows and sliced columns: every
+    op's forward and backward (spmm, SDDMM, GAT, GATv2 and transformer
+    attention; all-heads and per-head layouts) matches the float64 reference,
+    and every result but GATv2's grad_att, which is summed per fetch range, is
+    the same bits at every round count (only which group computes a row
+    changes)."""
+    gen = torch.Generator().manual_seed(heads * 7 + channels)
+    num_dst, num_src = 300, 200
+    rowptr, col = power_law_graph(num_dst, num_src, gen, hub_degree=700)
+    weight, x, grad_out = make_values(rowptr, col, num_src, heads, channels, dtype, gen)
+    rowptr, col = rowptr.cuda().to(torch.int32), col.cuda().to(torch.int32)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to("cuda", dtype)
+    attention = [
+        (pma.gat_attention, [rand(num_src, heads), rand(num_dst, heads), x]),
+        (pma.gatv2_attention, [x, rand(num_dst, heads, channels), rand(heads, channels)]),
+        (pma.transformer_attention, [rand(num_dst, heads, channels), x,
+                                     rand(num_src, heads, channels)]),
+    ]
+    got = []
+    for rounds in (1, 3, 8):
+        with force_kernel_path(fetch_rounds=rounds):
+            outs = list(check_all_ops(rowptr, col, weight, x, grad_out, dtype))
+            for op, inputs in attention:
+                ours, ref = _attention_results(op, rowptr, col, inputs, grad_out)
+                for k, (a, r) in enumerate(zip(ours, ref, strict=True)):
+                    what = f"{op.__name__} result {k}, {rounds} rounds"
+                    if k == 1:  # lse, in float32: -inf on the empty rows
+                        empty = torch.isneginf(r)
+                        assert torch.equal(torch.isneginf(a).cpu(), empty), what
+                        assert rel_error(a.cpu()[~empty], r[~empty]) <= 1e-5, what
+                    else:
+                        assert_close(a, r.detach(), dtype, what)
+                outs += ours
+        got.append(outs)
+    # spmm's out, grad_x, grad_weight; then out, lse and the gradients of
+    # each attention op: GAT's three, GATv2's x_l, x_r and att.
+    gatv2_att = 3 + 5 + 4
+    for k, (a, b, c) in enumerate(zip(*got, strict=True)):
+        if k != gatv2_att:
+            assert torch.equal(a, b) and torch.equal(a, c), f"result {k}: not bitwise equal"
 
 
 TC_HEADS = [(2, 64), (4, 32), (8, 16)]  # H * D = 128: the tensor-core forward's shapes

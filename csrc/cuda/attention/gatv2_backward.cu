@@ -109,7 +109,9 @@ at::Tensor launch_gatv2_backward_rows(AttentionParams<scalar_t, index_t> p, cons
   // grad_att summed per fetch range of the CSC pass (sources, then slices;
   // fetch_ranges in work_list.cuh), a row each; the caller sums the rows.
   // (zero-filled: a range past the slices reserved is never fetched)
-  const int64_t ranges = fetch_ranges(p.num_rows, p.G) + fetch_ranges(b.max_slots, p.G);
+  const int rounds = fetch_rounds(p.num_rows, p.G, b.sl.forced_rounds);  // as the pass takes them
+  const int64_t ranges =
+      fetch_ranges(p.num_rows, p.G, rounds) + fetch_ranges(b.max_slots, p.G, rounds);
   at::Tensor att_part = at::zeros({ranges, p.HD}, acc_options);
   p.att_part = att_part.data_ptr<acc_t>();
   const DstScratch dst = prepare_dst_rows(p, rowptr, options);

@@ -9,9 +9,29 @@
 
 namespace pyg_multihead_agg {
 
-// Short items a warp takes per atomic: fewer atomics on one counter against
-// a coarser tail at the end of the grid.
+// Short items a warp takes per atomic, at most (kFetchRounds rounds of one
+// item per group): fewer atomics on one counter against a coarser tail at the
+// end of the grid.
 constexpr int kFetchRounds = 8;
+// The warp fetches a grid needs before a fetch takes more than one round:
+// about the warps an H200 holds at once (132 SMs x 64 / 2).
+constexpr int64_t kFetchesToFill = 4096;
+
+// Rounds per fetch for num_items items taken by groups of G lanes. A group
+// runs its rounds one after another, and a small graph has too few fetches of
+// kFetchRounds rounds to fill the device: Cora's 2,708 rows made 22 blocks of
+// the all-heads forward (16 lanes a row) and 3 of the per-head one (2 lanes),
+// each group walking 8 rows in turn. So a fetch takes as many rounds as the
+// items fill kFetchesToFill fetches with, from 1 to kFetchRounds (every
+// benchmark graph from arxiv-like upwards: kFetchRounds). A function of the
+// sizes alone, so that the fetch ranges of a deterministic reduction
+// (fetch_ranges, work_list.cuh) are the same on every device. forced > 0
+// (the test hook, carried by the work list): that many rounds instead.
+__host__ __device__ __forceinline__ int fetch_rounds(int64_t num_items, int G, int forced) {
+  if (forced > 0) return forced < kFetchRounds ? forced : kFetchRounds;
+  const int64_t rounds = num_items / (static_cast<int64_t>(32 / G) * kFetchesToFill);
+  return static_cast<int>(rounds < 1 ? 1 : (rounds > kFetchRounds ? kFetchRounds : rounds));
+}
 
 // Which item of a warp's fetch each group takes, round by round.
 //
@@ -74,7 +94,7 @@ template <bool kSortable>
 struct FetchOrder {
   __device__ __forceinline__ static void init() {}
   template <typename index_t>
-  __device__ __forceinline__ static void sort(bool, const index_t*, int64_t, int64_t, int,
+  __device__ __forceinline__ static void sort(bool, const index_t*, int64_t, int64_t, int, int,
                                               int64_t, int) {}
   __device__ __forceinline__ static int position(int pos) { return pos; }
 };
@@ -97,15 +117,15 @@ struct FetchOrder<true> {
   }
 
   // With `enabled` (warp-uniform), the fetch base .. base + groups_per_warp *
-  // kFetchRounds - 1 sorted by degree within windows of 32 items; items past
+  // rounds - 1 sorted by degree within windows of 32 items; items past
   // num_items come last in their window, so a group's positions past the end
   // still follow all of its positions below it. Every lane of the warp must
   // call it.
   template <typename index_t>
   __device__ __forceinline__ static void sort(bool enabled, const index_t* ptr, int64_t num_edges,
-                                              int64_t base, int groups_per_warp,
+                                              int64_t base, int groups_per_warp, int rounds,
                                               int64_t num_items, int items_per_row) {
-    const int per_fetch = groups_per_warp * kFetchRounds;
+    const int per_fetch = groups_per_warp * rounds;
     if (!enabled || groups_per_warp == 1 || per_fetch > kMaxSortedFetch) return;
     const int lane32 = threadIdx.x & 31;
     __syncwarp();  // the previous fetch's positions are read
@@ -121,16 +141,5 @@ struct FetchOrder<true> {
     return pos < kMaxSortedFetch ? table()[pos] : pos;
   }
 };
-
-// The loop of a persistent kernel. Phase 1: the block takes long rows one at
-// a time from an atomic counter and runs `long_fn(r, lo, hi)` with all its
-// threads (it may synchronise the block). Phase 2: every warp takes
-// kFetchRounds * (32 / G) short work items at a time from a second counter,
-// one item per group of G lanes, and runs `short_fn(item, r, lo, hi)` with
-// that group (it may shuffle within the group, never synchronise more). An
-// item is a (row, sub-item) pair, item = r * items_per_row + sub: the heads
-// of one row for the fused attention kernels, 1 for the others. Consecutive
-// items go to neighbouring groups of a warp, so they share the row's indices
-// in L1. No block-wide barrier in phase 2: a warp whose rows are short goes
 
 }  // namespace pyg_multihead_agg

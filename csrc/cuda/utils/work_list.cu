@@ -60,6 +60,7 @@ WorkList make_work_list(const index_t* ptr, int64_t num_rows, int64_t num_edges,
   wl.num_rows = num_rows;
   wl.long_threshold = long_threshold(num_edges);
   wl.sort_fetch = sort_fetch;
+  wl.forced_rounds = forced_fetch_rounds();
   C10_CUDA_CHECK(cudaMemsetAsync(wl.counters, 0, 3 * sizeof(unsigned long long), stream));
   const int blocks =
       static_cast<int>(std::min<int64_t>((num_rows + kThreads - 1) / kThreads, num_sms() * 8LL));
@@ -81,6 +82,7 @@ SliceList make_slice_list(const index_t* ptr, int64_t num_rows, int64_t num_edge
   sl.long_threshold = slice_len;
   sl.slice_len = slice_len;
   sl.sort_fetch = sort_fetch;
+  sl.forced_rounds = forced_fetch_rounds();
   const int64_t max_long = max_long_rows(sl, num_edges);
   max_slots = 2 * num_edges / sl.long_threshold + 1;
   sl.max_long = max_long;

@@ -20,6 +20,7 @@
 #include "config.cuh"
 #include "fetch_order.cuh"
 #include "index.cuh"
+#include "../../path_overrides.h"
 
 namespace pyg_multihead_agg {
 
@@ -33,12 +34,13 @@ struct WorkList {
   int64_t num_rows;
   int64_t long_threshold;        // rows with more edges than this are long
   bool sort_fetch;               // sort a fetch's short rows by degree (FetchOrder)
+  int forced_rounds;             // rounds per fetch forced by the test hook, or 0 (fetch_rounds)
 };
 
 // The loop of a persistent kernel. Phase 1: the block takes long rows one at
 // a time from an atomic counter and runs `long_fn(r, lo, hi)` with all its
 // threads (it may synchronise the block). Phase 2: every warp takes
-// kFetchRounds * (32 / G) short work items at a time from a second counter,
+// fetch_rounds(...) * (32 / G) short work items at a time from a second counter,
 // one item per group of G lanes, and runs `short_fn(item, r, lo, hi)` with
 // that group (it may shuffle within the group, never synchronise more). An
 // item is a (row, sub-item) pair, item = r * items_per_row + sub: the heads
@@ -65,8 +67,8 @@ __device__ __forceinline__ void for_each_work_item(const index_t* ptr, int64_t n
   }
   const int lane32 = threadIdx.x & 31, groups_per_warp = 32 / G, group = lane32 / G;
   const int64_t num_items = wl.num_rows * items_per_row;
-  const unsigned long long per_fetch = static_cast<unsigned long long>(groups_per_warp) *
-                                       kFetchRounds;
+  const int rounds = fetch_rounds(num_items, G, wl.forced_rounds);
+  const unsigned long long per_fetch = static_cast<unsigned long long>(groups_per_warp) * rounds;
   using Order = FetchOrder<kSortable>;
   Order::init();
   for (;;) {
@@ -75,8 +77,8 @@ __device__ __forceinline__ void for_each_work_item(const index_t* ptr, int64_t n
     base = __shfl_sync(0xffffffffu, base, 0);
     if (base >= static_cast<unsigned long long>(num_items)) break;  // warp-uniform
     Order::sort(wl.sort_fetch, ptr, num_edges, static_cast<int64_t>(base), groups_per_warp,
-                num_items, items_per_row);
-    for (int t = 0; t < kFetchRounds; ++t) {
+                rounds, num_items, items_per_row);
+    for (int t = 0; t < rounds; ++t) {
       // (without kSortable, exactly this expression of the fetch order: a
       // regrouped one changes the float32 kernels' register allocation)
       const int64_t item =
@@ -118,7 +120,8 @@ struct SliceList {
   // and slots than there are, and those past the end are dropped (their
   // output is then meaningless, never out of bounds).
   int64_t max_long, max_slots;
-  bool sort_fetch;  // sort a fetch's short rows by degree (FetchOrder)
+  bool sort_fetch;    // sort a fetch's short rows by degree (FetchOrder)
+  int forced_rounds;  // rounds per fetch forced by the test hook, or 0 (fetch_rounds)
 };
 
 // Long rows and slots of a SliceList that fit its lists.
@@ -140,7 +143,7 @@ __device__ __forceinline__ int64_t row_slots(const SliceList& sl, const index_t*
 
 // The loop of a persistent kernel over a SliceList, per warp without block
 // barriers: first the slices (the largest items, so they do not form the
-// tail), then the short rows, each fetched kFetchRounds * (32 / G) at a time
+// tail), then the short rows, each fetched fetch_rounds(...) * (32 / G) at a time
 // from an atomic counter and run by one group of G lanes:
 // `slice_fn(slot, r, lo, hi)` with the slice's entries [lo, hi) of row r, and
 // `short_fn(r, lo, hi)`. After each fetch every group of the warp calls
@@ -153,9 +156,10 @@ struct NoFetchFn {
   __device__ __forceinline__ void operator()(int64_t) const {}
 };
 
-// The (fetch, group) ranges of n items fetched by groups of G lanes.
-__host__ __device__ __forceinline__ int64_t fetch_ranges(int64_t n, int G) {
-  const int64_t groups = 32 / G, per_fetch = groups * kFetchRounds;
+// The (fetch, group) ranges of n items fetched by groups of G lanes, rounds
+// per fetch.
+__host__ __device__ __forceinline__ int64_t fetch_ranges(int64_t n, int G, int rounds) {
+  const int64_t groups = 32 / G, per_fetch = groups * rounds;
   return (n + per_fetch - 1) / per_fetch * groups;
 }
 
@@ -166,8 +170,9 @@ __device__ __forceinline__ void for_each_slice_or_row(const index_t* ptr, int64_
                                                       SliceFn&& slice_fn, ShortFn&& short_fn,
                                                       FetchFn&& fetch_done = FetchFn{}) {
   const int lane32 = threadIdx.x & 31, groups_per_warp = 32 / G, group = lane32 / G;
-  const unsigned long long per_fetch = static_cast<unsigned long long>(groups_per_warp) *
-                                       kFetchRounds;
+  // (both phases: the rows size the grid)
+  const int rounds = fetch_rounds(sl.num_rows, G, sl.forced_rounds);
+  const unsigned long long per_fetch = static_cast<unsigned long long>(groups_per_warp) * rounds;
   const int64_t slots = num_slots(sl);
   // Slices all have slice_len entries but a row's last: only the short rows'
   // fetches are sorted (FetchOrder; phase 0 keeps the identity order).
@@ -182,8 +187,8 @@ __device__ __forceinline__ void for_each_slice_or_row(const index_t* ptr, int64_
       base = __shfl_sync(0xffffffffu, base, 0);
       if (base >= static_cast<unsigned long long>(num_items)) break;  // warp-uniform
       Order::sort(phase == 1 && sl.sort_fetch, ptr, num_edges, static_cast<int64_t>(base),
-                  groups_per_warp, num_items, 1);
-      for (int t = 0; t < kFetchRounds; ++t) {
+                  groups_per_warp, rounds, num_items, 1);
+      for (int t = 0; t < rounds; ++t) {
         const int64_t item =
             kSortable ? static_cast<int64_t>(base) + Order::position(t * groups_per_warp + group)
                       : static_cast<int64_t>(base) + t * groups_per_warp + group;
@@ -201,9 +206,9 @@ __device__ __forceinline__ void for_each_slice_or_row(const index_t* ptr, int64_
           if (hi - lo <= sl.long_threshold) short_fn(item, lo, hi);
         }
       }
-      // (base is a multiple of per_fetch = groups_per_warp * kFetchRounds)
-      fetch_done((phase == 0 ? fetch_ranges(sl.num_rows, G) : int64_t{0}) +
-                 static_cast<int64_t>(base) / kFetchRounds + group);
+      // (base is a multiple of per_fetch = groups_per_warp * rounds)
+      fetch_done((phase == 0 ? fetch_ranges(sl.num_rows, G, rounds) : int64_t{0}) +
+                 static_cast<int64_t>(base) / rounds + group);
     }
   }
 }
@@ -244,6 +249,13 @@ SliceList make_slice_list(const index_t* ptr, int64_t num_rows, int64_t num_edge
                           int64_t slice_len, bool sort_fetch, at::Tensor& storage,
                           const at::TensorOptions& options, int64_t& max_slots);
 
+// The rounds per fetch forced by the test hook (path_overrides.h), or 0: the
+// heuristic (fetch_rounds). The work lists carry it to their kernels.
+inline int forced_fetch_rounds() {
+  const int64_t forced = path_override(KernelPath::kFetchRounds);
+  return forced > 0 ? static_cast<int>(forced) : 0;
+}
+
 // Resident blocks of a persistent kernel, no more than there is work for.
 template <typename Kernel>
 int persistent_grid(Kernel kernel, int64_t num_items, int G, size_t smem = 0,
@@ -251,7 +263,8 @@ int persistent_grid(Kernel kernel, int64_t num_items, int G, size_t smem = 0,
   int per_sm = 0;
   C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
   const int64_t blocks = static_cast<int64_t>(std::max(per_sm, 1)) * num_sms();
-  const int64_t items_per_block = static_cast<int64_t>(threads / G) * kFetchRounds;
+  const int64_t items_per_block =
+      static_cast<int64_t>(threads / G) * fetch_rounds(num_items, G, forced_fetch_rounds());
   return static_cast<int>(
       std::max<int64_t>(1, std::min(blocks, (num_items + items_per_block - 1) / items_per_block)));
 }
