@@ -283,6 +283,23 @@ def test_contiguous_inputs_at_odd_offsets(op, device):
 
 
 @pytest.mark.parametrize("op,device", OP_DEVICES)
+def test_forward_without_grad_mode(op, device):
+    """Without grad mode the op runs below the autograd keys at once (no
+    autograd Function, csrc/autograd.cpp): the same bits as with grad mode,
+    every input in its place (edge features, bias, dropout), and no graph."""
+    inp = make_inputs(op, CASES[4], torch.float32, device=device, with_bias=True)
+    floats = {n: t.detach().requires_grad_() for n, t in inp.floats().items()}
+    inp = inp.replace(**floats)
+    out, lse = run_op(inp, dropout=0.3, philox=PHILOX)
+    assert out.grad_fn is not None and lse.grad_fn is not None
+    for mode in (torch.no_grad, torch.inference_mode):
+        with mode():
+            out_ng, lse_ng = run_op(inp, dropout=0.3, philox=PHILOX)
+        assert out_ng.grad_fn is None and not out_ng.requires_grad
+        assert torch.equal(out_ng, out) and torch.equal(lse_ng, lse)
+
+
+@pytest.mark.parametrize("op,device", OP_DEVICES)
 def test_deterministic(op, device):
     """Two runs: bitwise the same outputs and gradients (no atomics)."""
     inp = make_inputs(op, CASES[4], torch.float32, device=device, with_bias=True)

@@ -1664,6 +1664,22 @@ def test_validate_checks_the_csc():
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_forward_without_grad_mode(device):
+    """Without grad mode the op runs below the autograd keys at once (no
+    autograd Function, csrc/autograd.cpp): the same bits as with grad mode,
+    every input in its place (edge scores, bias, dropout), and no graph."""
+    inp = make_inputs((50, 40, 2000, 4, 32, True), torch.float32, torch.int32, device, seed=26,
+                      requires_grad=True, with_bias=True)
+    out, lse = run_op(inp, dropout=0.3, philox=PHILOX)
+    assert out.grad_fn is not None and lse.grad_fn is not None
+    for mode in (torch.no_grad, torch.inference_mode):
+        with mode():
+            out_ng, lse_ng = run_op(inp, dropout=0.3, philox=PHILOX)
+        assert out_ng.grad_fn is None and not out_ng.requires_grad
+        assert torch.equal(out_ng, out) and torch.equal(lse_ng, lse)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("with_csc", [True, False], ids=["csc", "no_csc"])
 def test_deterministic(with_csc, device):
     """Forward and backward are bitwise reproducible (fixed-order reductions,
