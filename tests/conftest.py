@@ -89,6 +89,19 @@ def rel_error(out, ref):
     return float((out - ref).norm() / denom) if ref.numel() else 0.0
 
 
+def check_without_grad_mode(run):
+    """An attention op's run() -> (out, lse) without grad mode (no_grad,
+    inference_mode), where the op runs below the autograd keys at once
+    (csrc/autograd.cpp): the same bits as with grad mode, and no graph."""
+    out, lse = run()
+    assert out.grad_fn is not None and lse.grad_fn is not None
+    for mode in (torch.no_grad, torch.inference_mode):
+        with mode():
+            out_ng, lse_ng = run()
+        assert out_ng.grad_fn is None and not out_ng.requires_grad
+        assert torch.equal(out_ng, out) and torch.equal(lse_ng, lse)
+
+
 def _inverse(perm):
     import pyg_multihead_agg as pma
     return pma.invert_perm(perm)
