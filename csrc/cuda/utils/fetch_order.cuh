@@ -19,9 +19,9 @@ constexpr int64_t kFetchesToFill = 4096;
 
 // Rounds per fetch for num_items items taken by groups of G lanes. A group
 // runs its rounds one after another, and a small graph has too few fetches of
-// kFetchRounds rounds to fill the device: Cora's 2,708 rows made 22 blocks of
-// the all-heads forward (16 lanes a row) and 3 of the per-head one (2 lanes),
-// each group walking 8 rows in turn. So a fetch takes as many rounds as the
+// kFetchRounds rounds to fill the device: Cora's 2,708 rows would make 22
+// blocks of the all-heads forward (16 lanes a row) and 3 of the per-head one
+// (2 lanes), each group walking 8 rows in turn. So a fetch takes as many rounds as the
 // items fill kFetchesToFill fetches with, from 1 to kFetchRounds (every
 // benchmark graph from arxiv-like upwards: kFetchRounds). A function of the
 // sizes alone, so that the fetch ranges of a deterministic reduction
