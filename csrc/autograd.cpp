@@ -515,7 +515,71 @@ std::tuple<Tensor, Tensor> transformer_attention_autograd(
 
 }  // namespace
 
+// _gat_scores: one node for both atts; its backward is the op
+// _gat_scores_backward.
+std::tuple<Tensor, Tensor> call_gat_scores(const Tensor& x, const Tensor& att_src,
+                                           const OptTensor& att_dst) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("pyg_multihead_agg::_gat_scores", "")
+                       .typed<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&,
+                                                         const OptTensor&)>();
+  return op.call(x, att_src, att_dst);
+}
+
+std::tuple<Tensor, Tensor, Tensor> call_gat_scores_backward(
+    const OptTensor& grad_src, const OptTensor& grad_dst, const Tensor& x, const Tensor& att_src,
+    const OptTensor& att_dst, bool x_grad, bool att_grad) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("pyg_multihead_agg::_gat_scores_backward", "")
+                       .typed<std::tuple<Tensor, Tensor, Tensor>(
+                           const OptTensor&, const OptTensor&, const Tensor&, const Tensor&,
+                           const OptTensor&, bool, bool)>();
+  return op.call(grad_src, grad_dst, x, att_src, att_dst, x_grad, att_grad);
+}
+
+class GatScores : public torch::autograd::Function<GatScores> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& x, const Tensor& att_src,
+                               const OptTensor& att_dst) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    ctx->save_for_backward({x, att_src, defined_or_empty(att_dst)});
+    auto [s_src, s_dst] = call_gat_scores(x, att_src, att_dst);
+    return {s_src, s_dst};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &x = saved[0], &att_src = saved[1], &att_dst = saved[2];
+    variable_list result(3);
+    const bool two = att_dst.defined();  // (needs_input_grad counts the tensors given)
+    const bool x_grad = ctx->needs_input_grad(0);
+    const bool att_grad = ctx->needs_input_grad(1) || (two && ctx->needs_input_grad(2));
+    if (!grads[0].defined() && !(two && grads[1].defined())) return result;
+    auto [grad_x, grad_att_src, grad_att_dst] = call_below_autograd([&] {
+      return call_gat_scores_backward(as_optional(grads[0]),
+                                      two ? as_optional(grads[1]) : std::nullopt, x, att_src,
+                                      as_optional(att_dst), x_grad, att_grad);
+    });
+    if (x_grad) result[0] = grad_x;
+    if (att_grad) {
+      result[1] = grad_att_src.view(att_src.sizes()).to(att_src.scalar_type());
+      if (two) result[2] = grad_att_dst.view(att_dst.sizes()).to(att_dst.scalar_type());
+    }
+    return result;
+  }
+};
+
+std::tuple<Tensor, Tensor> gat_scores_autograd(const Tensor& x, const Tensor& att_src,
+                                               const OptTensor& att_dst) {
+  if (!at::GradMode::is_enabled()) {
+    return forward_without_graph([&] { return call_gat_scores(x, att_src, att_dst); });
+  }
+  auto outputs = GatScores::apply(x, att_src, att_dst);
+  return {outputs[0], outputs[1]};
+}
+
 TORCH_LIBRARY_IMPL(pyg_multihead_agg, Autograd, m) {
+  m.impl("_gat_scores", &gat_scores_autograd);
   m.impl("gat_attention", &gat_attention_autograd);
   m.impl("gatv2_attention", &gatv2_attention_autograd);
   m.impl("transformer_attention", &transformer_attention_autograd);

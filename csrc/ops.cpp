@@ -157,6 +157,25 @@ TORCH_LIBRARY(pyg_multihead_agg, m) {
       "Tensor? philox, Tensor? bias, Tensor? perm_inv, Tensor(a!) grad_query, "
       "Tensor(b!) grad_key, Tensor(c!) grad_value) -> Tensor");
 
+  // GATConv's per-node attention scores, PyG's (x * att).sum(-1) for att_src
+  // and, when given, att_dst, in one op: s_k[n, h] = sum_c x[n, h, c] *
+  // att_k[h, c]. x [N, H, C], each att of H * C elements (PyG's [1, H, C]);
+  // returns (s_src, s_dst), [N, H] each (s_dst empty [0] without att_dst), in
+  // the dtype that x * att promotes to (float32 for autocast's half-precision
+  // x and float32 atts, as PyG's), summed in at least float32. One kernel and
+  // one autograd node (csrc/autograd.cpp) per layer call instead of a product
+  // and a sum per att and their backward: a small graph's step is bound by
+  // the host's cost per operation.
+  m.def("_gat_scores(Tensor x, Tensor att_src, Tensor? att_dst=None) -> (Tensor, Tensor)");
+  // Its backward for the scores' gradients (either may be None: zero):
+  // grad_x [N, H, C] in the dtype of x (empty unless x_grad) and the atts'
+  // gradients [H, C] in x's accumulation type (empty unless att_grad; the
+  // second empty without att_dst), summed over rows in fixed chunks
+  // (deterministic).
+  m.def(
+      "_gat_scores_backward(Tensor? grad_src, Tensor? grad_dst, Tensor x, Tensor att_src, "
+      "Tensor? att_dst, bool x_grad, bool att_grad) -> (Tensor, Tensor, Tensor)");
+
   // Private test hook: forces the CUDA kernel path `name` (value -1: back to
   // the launch heuristic) and returns the value it replaces; see
   // csrc/path_overrides.h and pyg_multihead_agg/_testing.py.

@@ -683,3 +683,30 @@ def _(rowptr, col, colptr, row, perm, query, key, value, e_feat, out, lse, grad_
 
 
 _register_no_double_backward("transformer_attention")
+
+
+# ---------------------------------------------------------------------------
+# GATConv's per-node scores (_gat_scores; csrc/ops.cpp, nn/gat_conv.py)
+# ---------------------------------------------------------------------------
+
+@torch.library.register_fake("pyg_multihead_agg::_gat_scores")
+def _(x, att_src, att_dst=None):
+    if x.dim() != 3:
+        raise ValueError(f"_gat_scores: x must be [N, H, C], got {x.dim()} dimensions")
+    dtype = torch.promote_types(x.dtype, att_src.dtype)
+    s_src = x.new_empty((x.size(0), x.size(1)), dtype=dtype)
+    return s_src, x.new_empty((0 if att_dst is None else x.size(0), x.size(1)), dtype=dtype)
+
+
+@torch.library.register_fake("pyg_multihead_agg::_gat_scores_backward")
+def _(grad_src, grad_dst, x, att_src, att_dst, x_grad, att_grad):
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    N, H, C = x.shape
+    grad_x = x.new_empty((N if x_grad else 0, H, C))
+    grad_att_src = x.new_empty((H if att_grad else 0, C), dtype=acc)
+    grad_att_dst = x.new_empty((H if att_grad and att_dst is not None else 0, C), dtype=acc)
+    return grad_x, grad_att_src, grad_att_dst
+
+
+torch.library.register_autograd("pyg_multihead_agg::_gat_scores_backward", _no_double_backward,
+                                setup_context=_no_double_backward_context)

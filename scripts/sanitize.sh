@@ -169,6 +169,14 @@ FETCH=(
   "$K::test_fetch_rounds_same_results[4-32-dtype1]"
   "$K::test_fetch_rounds_same_results[3-7-dtype1]"
 )
+S=tests/test_gat_scores.py
+SCORES=(
+  "$S::test_matches_products[N5000-H4-C32-torch.float32-src_dst-cuda]"
+  "$S::test_matches_products[N140000-H1-C3-torch.bfloat16-src-cuda]"
+  "$S::test_matches_products[N37-H3-C7-torch.float16-src_dst-cuda]"
+  "$S::test_one_score_used[dst_only-cuda]"
+  "$S::test_half_x_float32_atts[torch.bfloat16-cuda]"
+)
 PERMINV=(
   "tests/test_ops.py::test_out_of_range_perm_inv_does_not_fault_cuda[torch.float32]"
   "tests/test_ops.py::test_out_of_range_perm_inv_does_not_fault_cuda[torch.bfloat16]"
@@ -220,14 +228,14 @@ selection() {
   fi
   case "$1" in
     memcheck) echo "${SMALL[@]}" "${NARROW[@]}" "${HUB[@]}" "${GAT[@]}" "${GATV2[@]}" "${TRANSFORMER[@]}" "${DONATION[@]}" "${TRANSPOSED[@]}" \
-      "${SORTED[@]}" "${FETCH[@]}" "${PERMINV[@]}" "${TC[@]}" "${MALFORMED[@]}";;
+      "${SORTED[@]}" "${FETCH[@]}" "${SCORES[@]}" "${PERMINV[@]}" "${TC[@]}" "${MALFORMED[@]}";;
     memcheck_large) echo "tests/test_large_index.py::test_many_source_rows[4-64-index_dtype0]";;
     racecheck) echo "${HUB[@]}" "${SMALL[0]}" "${SMALL[2]}" "${GAT[@]:1:2}" "${GAT[@]:4:2}" \
-      "${SORTED[@]:0:1}" "${FETCH[@]:1:1}" "${PERMINV[@]:0:2}" "${TC[@]:0:2}" "${TC[@]:5:1}" "${GATV2[@]:0:3}" "${TRANSFORMER[@]:0:3}";;
+      "${SORTED[@]:0:1}" "${FETCH[@]:1:1}" "${SCORES[@]:0:1}" "${PERMINV[@]:0:2}" "${TC[@]:0:2}" "${TC[@]:5:1}" "${GATV2[@]:0:3}" "${TRANSFORMER[@]:0:3}";;
     initcheck) echo "${SMALL[@]:0:3}" "${NARROW[0]}" "${HUB[0]}" \
-      "$K::test_malformed_graphs_do_not_fault" "${GAT[@]}" "${GATV2[@]}" "${TRANSFORMER[@]}" "${DONATION[@]}" "${TRANSPOSED[@]}";;
+      "$K::test_malformed_graphs_do_not_fault" "${GAT[@]}" "${GATV2[@]}" "${TRANSFORMER[@]}" "${DONATION[@]}" "${TRANSPOSED[@]}" "${SCORES[@]}";;
     synccheck) echo "${SMALL[@]:0:3}" "${NARROW[0]}" "${HUB[@]}" "${GAT[@]}" "${TRANSPOSED[@]}" \
-      "${SORTED[@]}" "${FETCH[@]}" "${PERMINV[@]:0:4}" "${TC[@]:0:3}" "${TC[@]:5:1}" "${GATV2[@]}" "${TRANSFORMER[@]}";;
+      "${SORTED[@]}" "${FETCH[@]}" "${SCORES[@]}" "${PERMINV[@]:0:4}" "${TC[@]:0:3}" "${TC[@]:5:1}" "${GATV2[@]}" "${TRANSFORMER[@]}";;
   esac
 }
 

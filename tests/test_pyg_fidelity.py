@@ -305,7 +305,8 @@ def test_replaced_propagate_steps_run_on_the_fused_path(family, replaced):
         user.load_state_dict(ours.state_dict())
     assert user._propagate_observed()
     out, ran = ops_run(lambda: user(x, edge_index))
-    assert calls and ran == {op}
+    # (GATConv's scores, PyG's products on a graph this small, in an op of their own)
+    assert calls and ran - {"pyg_multihead_agg::_gat_scores"} == {op}
     torch.testing.assert_close(out, theirs(x, edge_index))
 
 

@@ -24,7 +24,8 @@ TORCH_LIBRARY_IMPL(pyg_multihead_agg, CUDA, m) {
                            "gatv2_attention_backward", "transformer_attention",
                            "transformer_attention_backward",
                            "_transformer_attention_backward_into",
-                           "_gatv2_attention_backward_into"}) {
+                           "_gatv2_attention_backward_into", "_gat_scores",
+                           "_gat_scores_backward"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&no_cuda_kernel>());
   }
 }

@@ -99,6 +99,15 @@ def _fold_pays(x_in: Tensor, x_proj: Tensor) -> bool:
     return x_in.size(1) <= 4 * hc and n * hc >= minimum
 
 
+def _gat_scores(x_proj: Tensor, att: Tensor, att_2: Optional[Tensor] = None
+                ) -> Tuple[Tensor, ...]:
+    """PyG's attention scores ``(x_proj * att).sum(-1)`` ([N, H]) of one or
+    two atts in one kernel and one autograd node (``_gat_scores``,
+    csrc/ops.cpp), not a product, a sum and their backward per att."""
+    s_src, s_dst = torch.ops.pyg_multihead_agg._gat_scores(x_proj, att, att_2)
+    return (s_src,) if att_2 is None else (s_src, s_dst)
+
+
 def _fold(w: Tensor, atts: Tuple[Tensor, ...]) -> Tensor:
     """[F, k * H]: w [H, C, F] summed against each att [.., H, C] per head."""
     H, C = w.size(0), w.size(1)
@@ -294,7 +303,8 @@ class GATConv(FusedAttention, PyGGATConv):
                 or isinstance(w, torch.nn.parameter.UninitializedParameter)
                 or w.dim() != 2 or x_in.dim() != 2 or not x_in.is_floating_point()
                 or (fold is None and not _fold_pays(x_in, x_proj))):
-            return tuple((x_proj * att).sum(dim=-1) for att in atts)
+            # PyG's products and sums, of every att in one kernel and autograd node
+            return _gat_scores(x_proj, *atts)
         scores = _FoldedScores.apply(x_in, w, *atts).view(-1, len(atts), x_proj.size(1))
         return scores.unbind(dim=1)
 
@@ -337,7 +347,7 @@ class GATConv(FusedAttention, PyGGATConv):
 
     def _fused_edge_values(self, edge_attr: Tensor) -> Tensor:
         # PyG's edge scores: the projected features summed against att_edge.
-        return (super()._fused_edge_values(edge_attr) * self.att_edge).sum(dim=-1)
+        return _gat_scores(super()._fused_edge_values(edge_attr), self.att_edge)[0]
 
     def _fused_op(self, graph: graphs.Graph, s_edge: OptTensor, x: OptPairTensor,
                   alpha: Tuple[Tensor, OptTensor]):

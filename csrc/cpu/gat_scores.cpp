@@ -1,0 +1,119 @@
+// CPU kernels of _gat_scores and _gat_scores_backward (csrc/ops.cpp,
+// csrc/gat_scores.h): rows in parallel; the atts' gradients summed per fixed
+// chunk of rows, then over the chunks in order (the same bits on any number
+// of threads).
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+#include <vector>
+
+#include "../gat_scores.h"
+
+namespace pyg_multihead_agg {
+namespace {
+
+std::tuple<at::Tensor, at::Tensor> gat_scores_cpu(const at::Tensor& x, const at::Tensor& att_src,
+                                                  const std::optional<at::Tensor>& att_dst) {
+  const auto a = gat_scores_args(x, att_src, att_dst);
+  TORCH_CHECK(x.device().is_cpu(), "x must be a CPU tensor for the CPU kernel");
+  const auto acc_options = x.options().dtype(at::toOpMathType(x.scalar_type()));
+  at::Tensor out[2] = {at::empty({a.N, a.H}, acc_options),
+                       at::empty({a.K == 2 ? a.N : 0, a.H}, acc_options)};
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "_gat_scores", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const scalar_t* xp = a.x.data_ptr<scalar_t>();
+    const int64_t H = a.H, C = a.C;
+    for (int64_t k = 0; k < a.K; ++k) {
+      const acc_t* att = a.att[k].data_ptr<acc_t>();
+      acc_t* op = out[k].data_ptr<acc_t>();
+      at::parallel_for(0, a.N * H, 1024, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          const scalar_t* row = xp + i * C;
+          const acc_t* w = att + (i % H) * C;
+          acc_t sum = 0;
+          for (int64_t c = 0; c < C; ++c) sum += static_cast<acc_t>(row[c]) * w[c];
+          op[i] = sum;
+        }
+      });
+    }
+  });
+  if (out[0].scalar_type() != a.result) {
+    for (auto& t : out) t = t.to(a.result);
+  }
+  return {out[0], out[1]};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_scores_backward_cpu(
+    const std::optional<at::Tensor>& grad_src, const std::optional<at::Tensor>& grad_dst,
+    const at::Tensor& x, const at::Tensor& att_src, const std::optional<at::Tensor>& att_dst,
+    bool x_grad, bool att_grad) {
+  const auto a = gat_scores_args(x, att_src, att_dst);
+  TORCH_CHECK(x.device().is_cpu(), "x must be a CPU tensor for the CPU kernel");
+  const auto g = gat_scores_grads(a, grad_src, grad_dst);
+  const auto acc_options = x.options().dtype(at::toOpMathType(x.scalar_type()));
+  const int64_t K = a.K, N = a.N, H = a.H, C = a.C, HC = H * C;
+  auto grad_x = at::empty({x_grad ? N : 0, H, C}, x.options());
+  at::Tensor grad_att[2] = {at::zeros({att_grad ? H : 0, C}, acc_options),
+                            at::zeros({att_grad && K == 2 ? H : 0, C}, acc_options)};
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, x.scalar_type(), "_gat_scores_backward", [&] {
+        using acc_t = at::opmath_type<scalar_t>;
+        const scalar_t* xp = a.x.data_ptr<scalar_t>();
+        const acc_t* gp[2] = {g[0].defined() ? g[0].data_ptr<acc_t>() : nullptr,
+                              g[1].defined() ? g[1].data_ptr<acc_t>() : nullptr};
+        const acc_t* att[2] = {a.att[0].data_ptr<acc_t>(),
+                               K == 2 ? a.att[1].data_ptr<acc_t>() : nullptr};
+        if (x_grad) {  // grad_x[n, h, c] = sum_k grad_k[n, h] * att_k[h, c]
+          scalar_t* gx = grad_x.data_ptr<scalar_t>();
+          at::parallel_for(0, N, 256, [&](int64_t begin, int64_t end) {
+            for (int64_t n = begin; n < end; ++n) {
+              for (int64_t j = 0; j < HC; ++j) {
+                acc_t v = 0;
+                for (int64_t k = 0; k < K; ++k) {
+                  if (gp[k] != nullptr) v += gp[k][n * H + j / C] * att[k][j];
+                }
+                gx[n * HC + j] = static_cast<scalar_t>(v);
+              }
+            }
+          });
+        }
+        if (!att_grad) return;
+        // att_k[h, c]'s gradient: sum_n grad_k[n, h] * x[n, h, c], per chunk of rows
+        const int64_t rows = gat_scores_chunk_rows(N), chunks = (N + rows - 1) / rows;
+        std::vector<acc_t> part(static_cast<size_t>(chunks * K * HC), 0);
+        at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+          for (int64_t q = begin; q < end; ++q) {
+            for (int64_t k = 0; k < K; ++k) {
+              if (gp[k] == nullptr) continue;
+              acc_t* p = part.data() + (q * K + k) * HC;
+              for (int64_t n = q * rows; n < std::min(N, (q + 1) * rows); ++n) {
+                for (int64_t j = 0; j < HC; ++j) {
+                  p[j] += gp[k][n * H + j / C] * static_cast<acc_t>(xp[n * HC + j]);
+                }
+              }
+            }
+          }
+        });
+        for (int64_t k = 0; k < K; ++k) {
+          acc_t* ga = grad_att[k].data_ptr<acc_t>();
+          for (int64_t j = 0; j < HC; ++j) {
+            acc_t v = 0;
+            for (int64_t q = 0; q < chunks; ++q) v += part[(q * K + k) * HC + j];
+            ga[j] = v;
+          }
+        }
+      });
+  return {grad_x, grad_att[0], grad_att[1]};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(pyg_multihead_agg, CPU, m) {
+  m.impl("_gat_scores", &gat_scores_cpu);
+  m.impl("_gat_scores_backward", &gat_scores_backward_cpu);
+}
+
+}  // namespace pyg_multihead_agg
