@@ -58,6 +58,34 @@ inline ScoresArgs gat_scores_args(const at::Tensor& x, const at::Tensor& att_src
   return a;
 }
 
+// The scores' buffers (s_dst empty for one att), in the accumulation type.
+inline std::array<at::Tensor, 2> gat_scores_buffers(const ScoresArgs& a) {
+  const auto options = a.x.options().dtype(at::toOpMathType(a.x.scalar_type()));
+  return {at::empty({a.N, a.H}, options), at::empty({a.K == 2 ? a.N : 0, a.H}, options)};
+}
+
+// The scores in their dtype (converted only where x and the atts are half types).
+inline std::tuple<at::Tensor, at::Tensor> gat_scores_result(std::array<at::Tensor, 2> out,
+                                                            const ScoresArgs& a) {
+  if (out[0].scalar_type() != a.result) {
+    for (auto& t : out) t = t.to(a.result);
+  }
+  return {out[0], out[1]};
+}
+
+// The backward's outputs: grad_x (x's dtype, empty unless x_grad) and the
+// atts' gradients (accumulation type, empty unless att_grad).
+struct ScoresGrads {
+  at::Tensor x, att[2];
+};
+
+inline ScoresGrads gat_scores_grad_buffers(const ScoresArgs& a, bool x_grad, bool att_grad) {
+  const auto acc_options = a.x.options().dtype(at::toOpMathType(a.x.scalar_type()));
+  return {at::empty({x_grad ? a.N : 0, a.H, a.C}, a.x.options()),
+          {at::empty({att_grad ? a.H : 0, a.C}, acc_options),
+           at::empty({att_grad && a.K == 2 ? a.H : 0, a.C}, acc_options)}};
+}
+
 // The scores' gradients as the kernels take them (undefined where None).
 inline std::array<at::Tensor, 2> gat_scores_grads(const ScoresArgs& a,
                                                   const std::optional<at::Tensor>& grad_src,

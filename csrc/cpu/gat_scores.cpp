@@ -19,9 +19,7 @@ std::tuple<at::Tensor, at::Tensor> gat_scores_cpu(const at::Tensor& x, const at:
                                                   const std::optional<at::Tensor>& att_dst) {
   const auto a = gat_scores_args(x, att_src, att_dst);
   TORCH_CHECK(x.device().is_cpu(), "x must be a CPU tensor for the CPU kernel");
-  const auto acc_options = x.options().dtype(at::toOpMathType(x.scalar_type()));
-  at::Tensor out[2] = {at::empty({a.N, a.H}, acc_options),
-                       at::empty({a.K == 2 ? a.N : 0, a.H}, acc_options)};
+  auto out = gat_scores_buffers(a);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "_gat_scores", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const scalar_t* xp = a.x.data_ptr<scalar_t>();
@@ -40,10 +38,7 @@ std::tuple<at::Tensor, at::Tensor> gat_scores_cpu(const at::Tensor& x, const at:
       });
     }
   });
-  if (out[0].scalar_type() != a.result) {
-    for (auto& t : out) t = t.to(a.result);
-  }
-  return {out[0], out[1]};
+  return gat_scores_result(out, a);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_scores_backward_cpu(
@@ -53,11 +48,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_scores_backward_cpu(
   const auto a = gat_scores_args(x, att_src, att_dst);
   TORCH_CHECK(x.device().is_cpu(), "x must be a CPU tensor for the CPU kernel");
   const auto g = gat_scores_grads(a, grad_src, grad_dst);
-  const auto acc_options = x.options().dtype(at::toOpMathType(x.scalar_type()));
   const int64_t K = a.K, N = a.N, H = a.H, C = a.C, HC = H * C;
-  auto grad_x = at::empty({x_grad ? N : 0, H, C}, x.options());
-  at::Tensor grad_att[2] = {at::zeros({att_grad ? H : 0, C}, acc_options),
-                            at::zeros({att_grad && K == 2 ? H : 0, C}, acc_options)};
+  auto out = gat_scores_grad_buffers(a, x_grad, att_grad);
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, x.scalar_type(), "_gat_scores_backward", [&] {
         using acc_t = at::opmath_type<scalar_t>;
@@ -67,7 +59,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_scores_backward_cpu(
         const acc_t* att[2] = {a.att[0].data_ptr<acc_t>(),
                                K == 2 ? a.att[1].data_ptr<acc_t>() : nullptr};
         if (x_grad) {  // grad_x[n, h, c] = sum_k grad_k[n, h] * att_k[h, c]
-          scalar_t* gx = grad_x.data_ptr<scalar_t>();
+          scalar_t* gx = out.x.data_ptr<scalar_t>();
           at::parallel_for(0, N, 256, [&](int64_t begin, int64_t end) {
             for (int64_t n = begin; n < end; ++n) {
               for (int64_t j = 0; j < HC; ++j) {
@@ -98,7 +90,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_scores_backward_cpu(
           }
         });
         for (int64_t k = 0; k < K; ++k) {
-          acc_t* ga = grad_att[k].data_ptr<acc_t>();
+          acc_t* ga = out.att[k].data_ptr<acc_t>();
           for (int64_t j = 0; j < HC; ++j) {
             acc_t v = 0;
             for (int64_t q = 0; q < chunks; ++q) v += part[(q * K + k) * HC + j];
@@ -106,7 +98,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_scores_backward_cpu(
           }
         }
       });
-  return {grad_x, grad_att[0], grad_att[1]};
+  return {out.x, out.att[0], out.att[1]};
 }
 
 }  // namespace

@@ -102,9 +102,7 @@ std::tuple<at::Tensor, at::Tensor> gat_scores_cuda(const at::Tensor& x, const at
   const auto a = gat_scores_args(x, att_src, att_dst);
   TORCH_CHECK(x.is_cuda(), "x must be a CUDA tensor for the CUDA kernel");
   const c10::cuda::CUDAGuard guard(x.device());
-  const auto acc_options = x.options().dtype(at::toOpMathType(x.scalar_type()));
-  at::Tensor out[2] = {at::empty({a.N, a.H}, acc_options),
-                       at::empty({a.K == 2 ? a.N : 0, a.H}, acc_options)};
+  auto out = gat_scores_buffers(a);
   const int64_t NH = a.N * a.H;
   if (NH > 0 && a.C > 0) {
     FLOAT_SWITCH(x.scalar_type(), "_gat_scores", [&] {
@@ -122,10 +120,7 @@ std::tuple<at::Tensor, at::Tensor> gat_scores_cuda(const at::Tensor& x, const at
   } else {
     for (auto& t : out) t.zero_();  // no channels: the sums are zero
   }
-  if (out[0].scalar_type() != a.result) {
-    for (auto& t : out) t = t.to(a.result);
-  }
-  return {out[0], out[1]};
+  return gat_scores_result(out, a);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_scores_backward_cuda(
@@ -136,18 +131,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_scores_backward_cuda(
   TORCH_CHECK(x.is_cuda(), "x must be a CUDA tensor for the CUDA kernel");
   const c10::cuda::CUDAGuard guard(x.device());
   const auto g = gat_scores_grads(a, grad_src, grad_dst);
-  const auto acc_options = x.options().dtype(at::toOpMathType(x.scalar_type()));
   const int64_t N = a.N, HC = a.H * a.C;
-  auto grad_x = at::empty({x_grad ? N : 0, a.H, a.C}, x.options());
-  at::Tensor grad_att[2] = {at::empty({att_grad ? a.H : 0, a.C}, acc_options),
-                            at::empty({att_grad && a.K == 2 ? a.H : 0, a.C}, acc_options)};
+  auto out = gat_scores_grad_buffers(a, x_grad, att_grad);
   if (N == 0 || HC == 0) {
-    for (auto& t : grad_att) t.zero_();
-    return {grad_x, grad_att[0], grad_att[1]};
+    for (auto& t : out.att) t.zero_();
+    return {out.x, out.att[0], out.att[1]};
   }
-  if (!x_grad && !att_grad) return {grad_x, grad_att[0], grad_att[1]};
+  if (!x_grad && !att_grad) return {out.x, out.att[0], out.att[1]};
   const int64_t rows = gat_scores_chunk_rows(N), chunks = (N + rows - 1) / rows;
-  const auto part = att_grad ? at::empty({chunks, a.K, HC}, acc_options) : at::Tensor();
+  const auto part = att_grad ? at::empty({chunks, a.K, HC}, out.att[0].options()) : at::Tensor();
   auto stream = c10::cuda::getCurrentCUDAStream();
   FLOAT_SWITCH(x.scalar_type(), "_gat_scores_backward", [&] {
     using acc_t = at::opmath_type<scalar_t>;
@@ -157,18 +149,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_scores_backward_cuda(
         <<<static_cast<unsigned>(chunks), threads, 0, stream>>>(
             ptr(g[0]), ptr(g[1]), a.x.data_ptr<scalar_t>(), a.att[0].data_ptr<acc_t>(),
             a.K == 2 ? a.att[1].data_ptr<acc_t>() : nullptr,
-            x_grad ? grad_x.data_ptr<scalar_t>() : nullptr, ptr(part), N,
+            x_grad ? out.x.data_ptr<scalar_t>() : nullptr, ptr(part), N,
             static_cast<int>(a.H), static_cast<int>(a.C), static_cast<int>(a.K), rows);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     if (att_grad) {
       sum_chunks_kernel<acc_t><<<static_cast<unsigned>(a.K * HC), kScoreThreads, 0, stream>>>(
-          part.data_ptr<acc_t>(), grad_att[0].data_ptr<acc_t>(),
-          a.K == 2 ? grad_att[1].data_ptr<acc_t>() : nullptr, chunks, HC,
+          part.data_ptr<acc_t>(), out.att[0].data_ptr<acc_t>(),
+          a.K == 2 ? out.att[1].data_ptr<acc_t>() : nullptr, chunks, HC,
           static_cast<int>(a.K));
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
   });
-  return {grad_x, grad_att[0], grad_att[1]};
+  return {out.x, out.att[0], out.att[1]};
 }
 
 }  // namespace
