@@ -513,8 +513,6 @@ std::tuple<Tensor, Tensor> transformer_attention_autograd(
   return {outputs[0], outputs[1]};
 }
 
-}  // namespace
-
 // _gat_scores: one node for both atts; its backward is the op
 // _gat_scores_backward.
 std::tuple<Tensor, Tensor> call_gat_scores(const Tensor& x, const Tensor& att_src,
@@ -577,6 +575,8 @@ std::tuple<Tensor, Tensor> gat_scores_autograd(const Tensor& x, const Tensor& at
   auto outputs = GatScores::apply(x, att_src, att_dst);
   return {outputs[0], outputs[1]};
 }
+
+}  // namespace
 
 TORCH_LIBRARY_IMPL(pyg_multihead_agg, Autograd, m) {
   m.impl("_gat_scores", &gat_scores_autograd);
