@@ -79,21 +79,24 @@ class _FoldedScores(torch.autograd.Function):
 
 # The fold's heuristic: the node count times heads times channels from which
 # the fold pays, per device type (see _fold_pays).
-_FOLD_MIN_ELEMENTS = {"cuda": 1 << 23, "cpu": 1 << 17}
+_FOLD_MIN_ELEMENTS = {"cuda": 1 << 25, "cpu": 1 << 17}
 
 
 def _fold_pays(x_in: Tensor, x_proj: Tensor) -> bool:
-    """Whether the scores take the fold (``_FoldedScores``) or PyG's products.
-    The fold reads ``x_in`` [N, F] about three times (forward GEMM, the two
-    backward GEMMs) where the products read and write ``x_proj`` [N, H, C]
-    about twelve times, but it costs a fixed host time per call: a Python
-    autograd node, a bmm and GEMM calls of about 50 us each on the H200's
-    host (tools/profile_step.py: about 0.5 ms a step for one folded layer of
-    the mini-batch model). So it pays for wide enough inputs ``F <= 4 H C``
-    on large enough graphs: on CUDA from ``N H C`` of 2^23 (the benchmark
-    graphs, arxiv-like upwards; on Cora it cost more than it saved), on the
-    CPU, where an element-wise pass costs far more next to a call, from
-    2^17."""
+    """Whether the scores take the fold (``_FoldedScores``) or the score op
+    (``_gat_scores``). The fold reads ``x_in`` [N, F] about three times
+    (forward GEMM, the two backward GEMMs) where the score op reads
+    ``x_proj`` [N, H, C] three times, but it costs a fixed host time per
+    call: a Python autograd node and about ten bmm, GEMM and view calls. So
+    it pays only where the device, not the host, bounds the step: wide
+    enough inputs ``F <= 4 H C`` on graphs large enough. On CUDA from
+    ``N H C`` of 2^25 (H200, F_in 128, 4 x 32: a products-like layer step
+    29.7 -> 28.1 ms with the fold; the NeighborLoader mini-batch step of
+    benchmarks/bench_minibatch.py, whose first layer has about 2^24, 2.9
+    ms without it and 3.9 ms with it; arxiv-like, 2^24.4, 1.69 ms without
+    and 1.62 ms with it as a single layer, host-bound in a whole step). On
+    the CPU, where a pass over ``x_proj`` costs far more next to a call,
+    from 2^17."""
     n, hc = x_proj.size(0), x_proj.size(1) * x_proj.size(2)
     minimum = _FOLD_MIN_ELEMENTS.get(x_in.device.type, _FOLD_MIN_ELEMENTS["cuda"])
     return x_in.size(1) <= 4 * hc and n * hc >= minimum
@@ -284,12 +287,11 @@ class GATConv(FusedAttention, PyGGATConv):
         # x_proj = lin(x_in) and no bias, they equal x_in @ fold, where fold
         # [F_in, H] is lin's weight summed against att per head: one thin GEMM
         # over x_in for all the atts, instead of an [N, H, C] product and a
-        # reduction per att (and, in the backward, their [N, H, C] gradients).
-        # H200, one layer step: 64.3 -> 53.9 ms on products-like, 32.4 ->
-        # 31.2 ms on reddit-like. Against float64, the attention parameters'
-        # gradients are off by 9.2e-7 with the fold and 8.6e-4 (as PyG's own
-        # layer) without on products-like, but 7.8e-5 with and 1.2e-6
-        # without on reddit-like. Each large error is one edge whose logit
+        # reduction per att (and, in the backward, their [N, H, C] gradients);
+        # _fold_pays says where that pays. Against float64, the attention
+        # parameters' gradients are off by 9.2e-7 with the fold and 8.6e-4
+        # (as PyG's own layer) without on products-like, but 7.8e-5 with and
+        # 1.2e-6 without on reddit-like. Each large error is one edge whose logit
         # is within float32 rounding of leaky_relu's kink and lands on the
         # other side of it (tools/score_kink_flips.py): att_dst's
         # gradient is nonzero only through the kink, so one such edge moves
