@@ -76,9 +76,10 @@ def main() -> None:
     parser.add_argument("--variants", default="fused,unfused",
                         help="comma list of fused, unfused, compiled (the fused layer under "
                         "torch.compile(dynamic=False))")
-    parser.add_argument("--input", choices=["csr", "edge_index"], default="csr",
-                        help="the adjacency the layer gets: a sparse CSR tensor, or a plain "
-                        "edge_index (whose prepared graph the layer caches in eager mode)")
+    parser.add_argument("--input", choices=["csr", "edge_index", "EdgeIndex"], default="csr",
+                        help="the adjacency the layer gets: a sparse CSR tensor, a plain "
+                        "edge_index (whose prepared graph the layer caches in eager mode) "
+                        "or a column-sorted EdgeIndex with its caches filled")
     args = parser.parse_args()
     device = torch.device(args.device)
     for shape in args.shapes.split(","):
@@ -90,6 +91,9 @@ def main() -> None:
         else:
             dst = torch.repeat_interleave(torch.arange(n, device=device), g.rowptr.diff())
             adj = torch.stack([g.col.long(), dst])
+            if args.input == "EdgeIndex":
+                from torch_geometric import EdgeIndex
+                adj = EdgeIndex(adj, sparse_size=(n, n), sort_order="col").fill_cache_()
         x = torch.randn(n, IN_CHANNELS, device=device)
         grad = torch.randn(n, g.heads * g.channels, device=device)
         names = {"fused": "fused attention", "unfused": "unfused (PyG softmax + multihead_spmm)",
