@@ -58,7 +58,7 @@ import pyg_multihead_agg.nn
 from pyg_multihead_agg import graph as graphs
 
 # PyG's compiled model last: on torch 2.11 its compile fails in Inductor, and
-# the row timed right after that failure ran up to 1.4x slower than alone.
+# the row timed right after that failure once ran 1.34x slower than the next.
 METHODS = ("pyg", "ours", "ours_no_index_check", "ours_compiled", "pyg_compiled")
 PEERS = ("pyg", "pyg_compiled")
 LAYERS = {"pyg": torch_geometric.nn.GATConv, "ours": pyg_multihead_agg.nn.GATConv}
