@@ -90,13 +90,13 @@ def _fold_pays(x_in: Tensor, x_proj: Tensor) -> bool:
     call: a Python autograd node and about ten bmm, GEMM and view calls. So
     it pays only where the device, not the host, bounds the step: wide
     enough inputs ``F <= 4 H C`` on graphs large enough. On CUDA from
-    ``N H C`` of 2^25 (H200, F_in 128, 4 x 32: a products-like layer step
-    29.7 -> 28.1 ms with the fold; the NeighborLoader mini-batch step of
-    benchmarks/bench_minibatch.py, whose first layer has about 2^24, 2.9
-    ms without it and 3.9 ms with it; arxiv-like, 2^24.4, 1.69 ms without
-    and 1.62 ms with it as a single layer, host-bound in a whole step). On
-    the CPU, where a pass over ``x_proj`` costs far more next to a call,
-    from 2^17."""
+    ``N H C`` of 2^25. H200, F_in 128, 4 x 32, without and with the fold:
+    a products-like layer step (2^28) 29.7 and 28.1 ms, an arxiv-like one
+    (2^24.4) 1.69 and 1.62 ms, but the NeighborLoader mini-batch step of
+    benchmarks/bench_minibatch.py (about 2^24 in its first layer) 2.8-2.9
+    and 3.9 ms: the threshold gives up 4% on a lone arxiv-sized layer for
+    the host-bound steps of that size. On the CPU, where a pass over
+    ``x_proj`` costs far more next to a call, from 2^17."""
     n, hc = x_proj.size(0), x_proj.size(1) * x_proj.size(2)
     minimum = _FOLD_MIN_ELEMENTS.get(x_in.device.type, _FOLD_MIN_ELEMENTS["cuda"])
     return x_in.size(1) <= 4 * hc and n * hc >= minimum
