@@ -13,7 +13,10 @@ ones, from the same initial weights. Per model and batch: the model time
 steady-state batches per second, the peak memory above the resident batches,
 and (CUDA) the host syncs per step (torch.cuda.set_sync_debug_mode). The
 first batch's output is checked against PyG's layer in float64 before
-timing.
+timing. Every model is prepared (checked, compiled, warmed up) first; then
+the models take turns, ``--rounds`` timed passes over the same batches each,
+in an order rotated every round, so that the machine's drift reaches them
+alike; the median is over every batch of every pass.
 
 Models: PyG's GATConv eager and under torch.compile(dynamic=True), ours
 (pyg_multihead_agg.nn.GATConv) eager, eager without the index check
@@ -57,8 +60,9 @@ from graphs import SHAPES, make_graph
 import pyg_multihead_agg.nn
 from pyg_multihead_agg import graph as graphs
 
-# PyG's compiled model last: on torch 2.11 its compile fails in Inductor, and
-# the row timed right after that failure once ran 1.34x slower than the next.
+# PyG's compiled model is prepared last: on torch 2.11 its compile fails in
+# Inductor, and a row timed right after that failure once ran 1.34x slower
+# than the next.
 METHODS = ("pyg", "ours", "ours_no_index_check", "ours_compiled", "pyg_compiled")
 PEERS = ("pyg", "pyg_compiled")
 LAYERS = {"pyg": torch_geometric.nn.GATConv, "ours": pyg_multihead_agg.nn.GATConv}
@@ -171,48 +175,98 @@ def count_syncs(fn: Callable[[], None], steps: int) -> float:
     return sum("synchroniz" in str(w.message) for w in caught) / steps
 
 
-def bench_method(row: Row, batches, ref, args, device) -> None:
+def prepare_method(row: Row, batches, ref, args, device) -> Callable[[], float]:
+    """The row's model, from the seeded weights, checked on the first batch
+    against PyG's in float64 and warmed up (compilation, allocator); its
+    host syncs per step counted (CUDA). Returns one timed pass over the
+    timed batches, which appends each batch's time to ``row.times_ms`` and
+    returns the pass's total milliseconds; the first pass also records the
+    peak memory above what was allocated before it."""
     model, step_model, optimizer = make_model(row.method, args.in_channels, args.classes,
                                               device, args.seed)
-    graphs.set_index_check(row.method != "ours_no_index_check")
+    index_check = row.method != "ours_no_index_check"
+
+    def step(batch):
+        train_step(step_model, optimizer, batch)
+
+    timed = batches[args.warmup:]
+    graphs.set_index_check(index_check)
     try:
         x, edge_index, y = batches[0]
         with torch.no_grad():
             out = step_model(x, edge_index)
         row.rel_err = rel_error(out, ref)
         row.check = "ok" if row.rel_err <= 1e-4 else "FAIL"
-
-        def step(batch):
-            train_step(step_model, optimizer, batch)
-
         for batch in batches[:args.warmup]:  # compilation, allocator, caches
             step(batch)
         sync(device)
-        timed = batches[args.warmup:]
         if device.type == "cuda":
             row.extra["host_syncs_per_step"] = count_syncs(lambda: step(timed[0]), 3)
-            torch.cuda.reset_peak_memory_stats(device)
-            base = torch.cuda.memory_allocated(device)
+    finally:
+        graphs.set_index_check(True)
+
+    def timed_pass() -> float:
+        graphs.set_index_check(index_check)
+        try:
+            if device.type != "cuda":
+                start = time.perf_counter()
+                for batch in timed:
+                    t = time.perf_counter()
+                    step(batch)
+                    row.times_ms.append((time.perf_counter() - t) * 1e3)
+                return (time.perf_counter() - start) * 1e3
+            first = row.peak_extra_bytes is None
+            if first:
+                torch.cuda.reset_peak_memory_stats(device)
+                base = torch.cuda.memory_allocated(device)
             events = [torch.cuda.Event(enable_timing=True) for _ in range(len(timed) + 1)]
             events[0].record()
             for i, batch in enumerate(timed):
                 step(batch)
                 events[i + 1].record()
             sync(device)
-            row.times_ms = [a.elapsed_time(b) for a, b in zip(events[:-1], events[1:], strict=True)]
-            total_ms = events[0].elapsed_time(events[-1])
-            row.peak_extra_bytes = torch.cuda.max_memory_allocated(device) - base
+            row.times_ms += [a.elapsed_time(b) for a, b in zip(events[:-1], events[1:],
+                                                                strict=True)]
+            if first:
+                row.peak_extra_bytes = torch.cuda.max_memory_allocated(device) - base
+            return events[0].elapsed_time(events[-1])
+        finally:
+            graphs.set_index_check(True)
+
+    return timed_pass
+
+
+def bench_round_robin(rows: List[Row], batches, ref, args, device) -> None:
+    """Every row's model prepared, then ``args.rounds`` rounds in which each
+    model makes one timed pass, in an order rotated each round, so that a
+    drift of the machine's speed (its clocks, the host's other work) reaches
+    every model alike rather than whichever ran during it. A row whose
+    preparation or pass fails is reported with its error and leaves the
+    rounds."""
+    passes = {}
+    by_method = {row.method: row for row in rows}
+    for row in rows:
+        log(f"{row.method}, {row.extra['edge_order']} edge order: preparing")
+        run_guarded(row, lambda r: passes.__setitem__(
+            r.method, prepare_method(r, batches, ref, args, device)), device)
+    total = dict.fromkeys(passes, 0.0)
+    for k in range(args.rounds):
+        names = list(passes)
+        for method in names[k % len(names):] + names[:k % len(names)]:
+            row = by_method[method]
+            run_guarded(row, lambda r: total.__setitem__(r.method, total[r.method]
+                                                         + passes[r.method]()), device)
+            if row.status != "ok":
+                del passes[method]
+    for row in rows:
+        if row.method in passes:
+            row.ms = statistics.median(row.times_ms)
+            row.extra["batches_per_s"] = len(row.times_ms) / total[row.method] * 1e3
+            log(f"  {row.method}: {row.ms:.2f} ms/batch, "
+                f"{row.extra['batches_per_s']:.1f} batches/s, "
+                f"peak +{fmt_bytes(row.peak_extra_bytes)}, err {row.rel_err:.1e}")
         else:
-            start = time.perf_counter()
-            for batch in timed:
-                t = time.perf_counter()
-                step(batch)
-                row.times_ms.append((time.perf_counter() - t) * 1e3)
-            total_ms = (time.perf_counter() - start) * 1e3
-        row.ms = statistics.median(row.times_ms)
-        row.extra["batches_per_s"] = len(timed) / total_ms * 1e3
-    finally:
-        graphs.set_index_check(True)
+            log(f"  {row.method}: {row.status}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> List[Row]:
@@ -225,6 +279,9 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Row]:
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--batches", type=int, default=None,
                         help="timed batches per model (default: 40 on cuda, 8 on cpu)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="timed passes over the batches per model, the models taking "
+                             "turns (default: 5 on cuda, 1 on cpu)")
     parser.add_argument("--warmup", type=int, default=None,
                         help="untimed batches first (default: 5 on cuda, 2 on cpu)")
     parser.add_argument("--in-channels", type=int, default=128)
@@ -241,6 +298,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Row]:
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     args.batches = args.batches or (40 if cuda else 8)
+    args.rounds = args.rounds or (5 if cuda else 1)
     args.warmup = args.warmup if args.warmup is not None else (5 if cuda else 2)
     methods = args.methods.split(",")
     unknown = set(methods) - set(METHODS)
@@ -260,7 +318,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Row]:
     edges = [b.num_edges for b in cpu_batches]
     meta.update(shape=args.shape, edge_orders=args.edge_orders, fanout=args.fanout,
                 batch_size=args.batch_size,
-                timed_batches=args.batches, warmup_batches=args.warmup,
+                timed_batches=args.batches, rounds=args.rounds, warmup_batches=args.warmup,
                 in_channels=args.in_channels, hidden="4 heads x 32", classes=args.classes,
                 nodes_per_batch=round(statistics.mean(nodes)),
                 edges_per_batch=round(statistics.mean(edges)),
@@ -277,19 +335,13 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Row]:
     rows = []
     for order in orders:
         ordered = batches if order == "loader" else shuffle_edges(batches, args.seed)
-        for method in methods:
-            log(f"{method}, {order} edge order")
-            row = Row(shape=args.shape, dtype="float32", method=method,
-                      pass_="forward+backward+step", extra={"edge_order": order})
-            rows.append(run_guarded(
-                row, lambda r, o=ordered: bench_method(r, o, ref, args, device), device))
-            free_memory(device)
-            if row.ms:
-                log(f"  {row.ms:.2f} ms/batch, {row.extra['batches_per_s']:.1f} batches/s, "
-                    f"peak +{fmt_bytes(row.peak_extra_bytes)}, err {row.rel_err:.1e}")
-            else:
-                log(f"  {row.status}")
+        group = [Row(shape=args.shape, dtype="float32", method=method,
+                     pass_="forward+backward+step", extra={"edge_order": order})
+                 for method in methods]
+        bench_round_robin(group, ordered, ref, args, device)
+        rows += group
         del ordered
+        free_memory(device)
     add_speedups(rows, PEERS, group=lambda r: r.extra["edge_order"])
 
     def cells(r: Row):

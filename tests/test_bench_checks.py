@@ -172,3 +172,52 @@ def test_layer_bench_scales_checks_by_pyg_compiled_without_pyg_eager(tmp_path, m
     ours = rows["GATv2 ours edge_index eager"]
     within = all(e <= 2 * pyg["rel_errs"][k] for k, e in ours["rel_errs"].items())
     assert ours["check"] == ("ok" if within else "FAIL")
+
+
+def _minibatch_run(tmp_path, monkeypatch, fail_in_round=None):
+    """bench_minibatch.py on the CPU (cora-like, 3 models, 2 rounds of 2
+    batches); returns its rows and the methods in the order of their passes.
+    ``fail_in_round``: ours' pass raises in that round."""
+    import bench_minibatch
+    real, order = bench_minibatch.prepare_method, []
+
+    def logged(row, *args):
+        timed_pass = real(row, *args)
+
+        def run():
+            if row.method == "ours" and fail_in_round == sum(m == "ours" for m in order):
+                order.append(row.method)
+                raise RuntimeError("injected failure")
+            order.append(row.method)
+            return timed_pass()
+        return run
+
+    monkeypatch.setattr(bench_minibatch, "prepare_method", logged)
+    rows = bench_minibatch.main([
+        "--device", "cpu", "--shape", "cora-like", "--batch-size", "32", "--batches", "2",
+        "--warmup", "1", "--rounds", "2", "--methods", "pyg,ours,ours_no_index_check",
+        "--edge-orders", "loader", "--out", str(tmp_path)])
+    return {r.method: r for r in rows}, order
+
+
+def test_minibatch_bench_takes_turns(tmp_path, monkeypatch):
+    rows, order = _minibatch_run(tmp_path, monkeypatch)
+    # every model one pass a round, the order rotated each round
+    assert order == ["pyg", "ours", "ours_no_index_check", "ours", "ours_no_index_check", "pyg"]
+    for row in rows.values():
+        assert row.status == "ok" and row.check == "ok", row
+        assert len(row.times_ms) == 4 and row.ms == sorted(row.times_ms)[1] / 2 + \
+            sorted(row.times_ms)[2] / 2
+    assert set(rows["ours"].speedup) == {"pyg"}
+    md = (tmp_path / "minibatch_cpu.md").read_text()
+    assert "rounds: 2" in md
+
+
+def test_minibatch_bench_reports_a_failing_model(tmp_path, monkeypatch):
+    rows, order = _minibatch_run(tmp_path, monkeypatch, fail_in_round=1)
+    # ours fails in its second pass, leaves the rounds, and the others finish theirs
+    assert order == ["pyg", "ours", "ours_no_index_check", "ours", "ours_no_index_check", "pyg"]
+    assert rows["ours"].ms is None and rows["ours"].status.startswith("error")
+    assert "injected failure" in rows["ours"].extra["error"]
+    for name in ("pyg", "ours_no_index_check"):
+        assert rows[name].status == "ok" and len(rows[name].times_ms) == 4
