@@ -33,7 +33,11 @@ A training step (pass ``forward+backward``) is ``out = layer(x, adj)`` then
 ``grad_out``; an inference step (pass ``forward``) is ``layer(x, adj)`` under
 ``torch.no_grad()``. The output and every parameter gradient are checked first
 against PyG's layer in float64, on the edges into (a sample of) the
-destination rows. With every family (``--conv all``) each GATv2 and
+destination rows. Then the checked rows of each graph, dtype and family
+are timed in turns (``--rounds``, default 3 on CUDA: each row a share of
+the repeats a round, the order rotated every round), so that a drift of the
+machine's speed reaches every row alike; CUDA-graph rows are timed at once.
+With every family (``--conv all``) each GATv2 and
 Transformer row also reports its time over the GAT row of the same method,
 graph, dtype and pass.
 
@@ -267,8 +271,35 @@ def run_variant(r: Row, make: Callable[[], Tuple[torch.nn.Module, object]], x: T
     r.check = "ok" if ok else "FAIL"
     del out, grads
     r.peak_extra_bytes = common.peak_extra_memory(step, device)
-    r.times_ms = common.time_fn(step, device, repeats=args.repeats, warmup=args.warmup)
-    r.ms = statistics.median(r.times_ms)
+    if cuda_graphs:  # CUDA graph trees: timed at once, not in turns with other graphs
+        r.times_ms = common.time_fn(step, device, repeats=args.repeats, warmup=args.warmup)
+        r.ms = statistics.median(r.times_ms)
+        return None
+    return step
+
+
+def time_in_turns(timed: List[Tuple[Row, Callable[[], object]]], device: torch.device,
+                  args) -> None:
+    """The checked rows of one graph, dtype and layer family timed in turns:
+    ``args.rounds`` rounds, in each of which every row takes its share of
+    the repeats (``common.time_fn``, after one untimed call: the row before
+    may have emptied the graph cache), in an order rotated every round, so
+    that a drift of the machine's speed (clocks, the host's other work)
+    reaches every row alike rather than whichever ran during it; the median
+    is over all of a row's repeats. A row whose step fails leaves the rounds
+    with its error."""
+    rounds = max(1, args.rounds)
+    repeats = max(3, -(-args.repeats // rounds))
+    for k in range(rounds if timed else 0):
+        for r, step in timed[k % len(timed):] + timed[:k % len(timed)]:
+            if r.status != "ok":
+                continue
+            common.run_guarded(r, lambda row, step=step, k=k: row.times_ms.extend(common.time_fn(
+                step, device, repeats=repeats, warmup=args.warmup if k == 0 else 1,
+                budget_s=0.5 / rounds)), device)
+    for r, _ in timed:
+        if r.status == "ok":
+            r.ms = statistics.median(r.times_ms)
 
 
 def variants(g: Graph, pyg: torch.nn.Module, ours: Optional[torch.nn.Module], dtype: torch.dtype,
@@ -403,25 +434,31 @@ def bench_family(g: Graph, family: Family, x: Tensor, grad_out: Tensor, args,
                         status=f"skipped: pyg_multihead_agg.nn.{family.name} not usable: "
                         f"{why}"[:300]))
     baseline: Dict[str, Dict[str, float]] = {}  # per pass, PyG eager's errors once it ran
+    timed: List[Tuple[Row, Callable[[], object]]] = []
     for method, make in variants(g, pyg, ours, dtype, args, family):
         for pass_ in args.passes:
             # PyG eager's errors scale the checks; PyG compiled's where PyG
             # eager did not run (left out, or out of memory).
             sets_baseline = method == family.method(PYG_EAGER) or (
                 method == family.method(PYG_COMPILED) and not baseline.get(pass_))
-            body = functools.partial(run_variant, make=make, x=x, grad_out=grad_out,
-                                     check=check, baseline=baseline.setdefault(pass_, {}),
-                                     device=device, args=args, autocast=autocast,
-                                     sets_baseline=sets_baseline)
-            r = common.run_guarded(Row(label, dname, method, pass_,
-                                       extra={"checked_on": check.what}), body, device)
-            rows.append(r)
-            first = r.extra.get("first_call_s")
-            graphs = (f", {r.extra['graphs_compiled']} graphs, {r.extra['graph_breaks']} breaks"
-                      if "graphs_compiled" in r.extra else "")
-            log(f"{label} {dname} {method:30s} {pass_:16s} {common.fmt_ms(r):>12s} ms  "
-                f"err {common.fmt_err(r)}  peak {common.fmt_bytes(r.peak_extra_bytes)}"
-                + (f"  (first call {first} s{graphs})" if first is not None else ""))
+            r = Row(label, dname, method, pass_, extra={"checked_on": check.what})
+
+            def body(row, make=make, sets_baseline=sets_baseline, pass_=pass_):
+                step = run_variant(row, make=make, x=x, grad_out=grad_out, check=check,
+                                   baseline=baseline.setdefault(pass_, {}), device=device,
+                                   args=args, autocast=autocast, sets_baseline=sets_baseline)
+                if step is not None:
+                    timed.append((row, step))
+            rows.append(common.run_guarded(r, body, device))
+    time_in_turns(timed, device, args)
+    timed.clear()  # the steps hold their layers and adjacencies
+    for r in rows:
+        first = r.extra.get("first_call_s")
+        graphs = (f", {r.extra['graphs_compiled']} graphs, {r.extra['graph_breaks']} breaks"
+                  if "graphs_compiled" in r.extra else "")
+        log(f"{label} {dname} {r.method:30s} {r.pass_:16s} {common.fmt_ms(r):>12s} ms  "
+            f"err {common.fmt_err(r)}  peak {common.fmt_bytes(r.peak_extra_bytes)}"
+            + (f"  (first call {first} s{graphs})" if first is not None else ""))
     return rows
 
 
@@ -589,6 +626,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="comma list of bfloat16, float16: also run every row with float32 "
                         "parameters and inputs under torch.autocast to that dtype (the rows' "
                         "dtype reads e.g. 'bfloat16 autocast')")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="the checked rows of each graph and dtype take turns, this many "
+                        "rounds of a share of the repeats each (default: 3 on cuda, 1 on cpu)")
     parser.add_argument("--passes", default=f"{FORWARD},{TRAIN}",
                         help=f"comma-separated: {FORWARD} (inference, under no_grad) and/or "
                         f"{TRAIN} (a training step)")
@@ -598,6 +638,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if bad or not args.passes:
         parser.error(f"--passes: expected {FORWARD} and/or {TRAIN}, got {args.passes!r}")
     args.families = CONV_CHOICES[args.conv]
+    args.rounds = args.rounds or (3 if device.type == "cuda" else 1)
     args.autocast = [a for a in args.autocast.split(",") if a]
     if any(a not in ("bfloat16", "float16") for a in args.autocast):
         parser.error(f"--autocast: expected bfloat16 and/or float16, got {args.autocast!r}")

@@ -5,6 +5,7 @@ runs its GATConv and GATv2Conv rows on the CPU, checks them against PyG's layer,
 reports a wrong layer and records an out-of-memory row without stopping."""
 import json
 import os
+import statistics
 import sys
 
 import pytest
@@ -221,3 +222,37 @@ def test_minibatch_bench_reports_a_failing_model(tmp_path, monkeypatch):
     assert "injected failure" in rows["ours"].extra["error"]
     for name in ("pyg", "ours_no_index_check"):
         assert rows[name].status == "ok" and len(rows[name].times_ms) == 4
+
+
+def test_layer_bench_times_rows_in_turns():
+    """bench_layer.time_in_turns: every row once a round, the order rotated
+    each round, the median over all of a row's repeats; a row whose step
+    fails leaves the rounds with its error, and the others finish."""
+    import argparse
+    import itertools
+
+    from common import Row
+    args = argparse.Namespace(rounds=2, repeats=4, warmup=0)
+    for failing in (None, "b"):
+        calls = []
+
+        def step_of(name, calls=calls, failing=failing):
+            def step():
+                if name == failing and "c" in calls:  # b's second round (after c's first)
+                    raise RuntimeError(f"injected failure of {name}")
+                calls.append(name)
+            return step
+
+        rows = [Row("g", "float32", name, "forward") for name in "abc"]
+        bench_layer.time_in_turns([(r, step_of(r.method)) for r in rows], torch.device("cpu"),
+                                  args)
+        runs = [name for name, _ in itertools.groupby(calls)]
+        # (b failing at the start of the second round, c runs on after c)
+        assert runs == (["a", "b", "c", "b", "c", "a"] if failing is None
+                        else ["a", "b", "c", "a"])
+        for r in rows:
+            if r.method == failing:
+                assert r.ms is None and "injected failure" in r.extra["error"]
+                continue
+            assert r.status == "ok" and len(r.times_ms) >= 6  # 3 repeats a round at least
+            assert r.ms == statistics.median(r.times_ms)
