@@ -402,10 +402,13 @@ def test_transformer_attention(p, with_edge, dropout, mode):
     ref = torch.autograd.grad(ref_out, [t for t in leaves if t is not None],
                               grad_out.detach().double())
     # The logit gradients cancel (alpha * (m * dot - delta)): measured against
-    # the scale of |g| * |value| per edge.
-    vs = value.detach().double()
+    # the scale of |g| * |message| per edge, a message being value[j] + e_feat[e]
+    # (delta reads the output, rounded to the dtype, dot the messages).
+    msgs = value.detach().double()[col.long()]
+    if with_edge:
+        msgs = msgs + e_feat.detach().double()
     scale = float(grad_out.detach().double().norm()
-                  * (vs.norm(dim=-1).max() if vs.numel() else 0.0) / (1.0 - dropout))
+                  * (msgs.norm(dim=-1).max() if msgs.numel() else 0.0) / (1.0 - dropout))
     for g, r, name in zip(grads, ref, ["query", "key", "value", "e_feat"], strict=False):
         assert g.dtype == p.dtype, (name, g.dtype)
         rel_error(g, r)  # shape and finiteness
