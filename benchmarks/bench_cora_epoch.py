@@ -104,8 +104,7 @@ def main() -> None:
     for kind in kinds:  # warm-up
         epoch(kind)
     for r in range(args.rounds):
-        order = kinds[r % len(kinds):] + kinds[:r % len(kinds)]
-        for kind in order:
+        for kind in common.rotated(kinds, r):
             times[kind].extend(epoch(kind) for _ in range(args.epochs_per_round))
     base = statistics.median(times[PEER])
     meta = common.environment(device, sys.argv)

@@ -290,13 +290,9 @@ def time_in_turns(timed: List[Tuple[Row, Callable[[], object]]], device: torch.d
     with its error."""
     rounds = max(1, args.rounds)
     repeats = max(3, -(-args.repeats // rounds))
-    for k in range(rounds if timed else 0):
-        for r, step in timed[k % len(timed):] + timed[:k % len(timed)]:
-            if r.status != "ok":
-                continue
-            common.run_guarded(r, lambda row, step=step, k=k: row.times_ms.extend(common.time_fn(
-                step, device, repeats=repeats, warmup=args.warmup if k == 0 else 1,
-                budget_s=0.5 / rounds)), device)
+    common.take_turns(timed, rounds, lambda row, step, k: row.times_ms.extend(common.time_fn(
+        step, device, repeats=repeats, warmup=args.warmup if k == 0 else 1,
+        budget_s=0.5 / rounds)), device)
     for r, _ in timed:
         if r.status == "ok":
             r.ms = statistics.median(r.times_ms)

@@ -53,6 +53,7 @@ from common import (
     run_guarded,
     summary_line,
     sync,
+    take_turns,
     write_results,
 )
 from graphs import SHAPES, make_graph
@@ -244,22 +245,18 @@ def bench_round_robin(rows: List[Row], batches, ref, args, device) -> None:
     preparation or pass fails is reported with its error and leaves the
     rounds."""
     passes = {}
-    by_method = {row.method: row for row in rows}
     for row in rows:
         log(f"{row.method}, {row.extra['edge_order']} edge order: preparing")
         run_guarded(row, lambda r: passes.__setitem__(
             r.method, prepare_method(r, batches, ref, args, device)), device)
     total = dict.fromkeys(passes, 0.0)
-    for k in range(args.rounds):
-        names = list(passes)
-        for method in names[k % len(names):] + names[:k % len(names)]:
-            row = by_method[method]
-            run_guarded(row, lambda r: total.__setitem__(r.method, total[r.method]
-                                                         + passes[r.method]()), device)
-            if row.status != "ok":
-                del passes[method]
+
+    def one_pass(row: Row, timed_pass: Callable[[], float], k: int) -> None:
+        total[row.method] += timed_pass()
+    take_turns([(r, passes[r.method]) for r in rows if r.method in passes], args.rounds,
+               one_pass, device)
     for row in rows:
-        if row.method in passes:
+        if row.status == "ok" and row.method in passes:
             row.ms = statistics.median(row.times_ms)
             row.extra["batches_per_s"] = len(row.times_ms) / total[row.method] * 1e3
             log(f"  {row.method}: {row.ms:.2f} ms/batch, "

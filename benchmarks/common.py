@@ -19,7 +19,7 @@ import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 import torch
 from torch import Tensor
@@ -37,6 +37,8 @@ TOLERANCE = {torch.float16: 5e-3, torch.bfloat16: 2e-2, torch.float32: 1e-4,
 REFERENCE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference")
 
 _START = time.perf_counter()
+
+T = TypeVar("T")
 
 
 def log(msg: str) -> None:
@@ -272,6 +274,25 @@ def run_guarded(row: Row, body: Callable[[Row], None], device: torch.device) -> 
             traceback.print_exc(file=sys.stderr)
     free_memory(device)
     return row
+
+
+def rotated(items: Sequence[T], k: int) -> List[T]:
+    """``items`` rotated left by ``k``: round ``k``'s order when the
+    configurations of a benchmark take turns, so that a drift of the
+    machine's speed reaches each of them alike."""
+    k = k % len(items) if items else 0
+    return list(items[k:]) + list(items[:k])
+
+
+def take_turns(entries: Sequence[Tuple[Row, T]], rounds: int,
+               run: Callable[[Row, T, int], None], device: torch.device) -> None:
+    """``rounds`` rounds in which every entry whose row is still "ok" runs
+    once, ``run(row, item, round)`` under ``run_guarded``, in the order
+    rotated every round: a row that fails leaves the rounds with its error."""
+    for k in range(rounds):
+        for row, item in rotated(entries, k):
+            if row.status == "ok":
+                run_guarded(row, lambda r, item=item, k=k: run(r, item, k), device)
 
 
 def add_speedups(rows: List[Row], peers: Sequence[str],
