@@ -5,6 +5,11 @@ to PyG's GATConv with a plain edge_index, and writes them to
 benchmarks/reference/cora_epoch_<device>.{json,md,png} (see --out, --tag).
 
     python benchmarks/bench_cora_epoch.py --root DATA [--device cpu] [--rounds 30]
+
+With --compile (the default on CUDA) PyG's model and ours on the plain
+edge_index also run under torch.compile, default mode and
+mode="reduce-overhead" (CUDA graphs), each checked for the same loss as its
+eager model; a variant that fails to compile is reported, not fatal.
 """
 import argparse
 import functools
@@ -35,6 +40,10 @@ VARIANTS = [("pyg edge_index", "pyg", "edge_index"), ("ours edge_index", "ours",
             ("ours edge_index_sorted", "ours", "edge_index_sorted"), ("ours csr", "ours", "csr"),
             ("ours sparse_tensor", "ours", "sparse_tensor"), ("ours csr unfused", "ours", "csr"),
             ("no attention", "none", "edge_index")]
+# Compiled rows (--compile): (name suffix, torch.compile mode) for the models
+# of these variants.
+COMPILED = [("compiled", None), ("compiled, reduce-overhead", "reduce-overhead")]
+COMPILED_OF = ("pyg edge_index", "ours edge_index")
 PEER = "pyg edge_index"
 LAYERS = {"pyg": "PyG GATConv", "ours": "pyg_multihead_agg GATConv",
           "none": "projection, bias and head merge only"}
@@ -63,15 +72,21 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--epochs-per-round", type=int, default=3)
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                        help="also the compiled rows (default: on CUDA only)")
     common.add_output_args(parser)
     args = parser.parse_args()
     device = torch.device(args.device)
+    compile_rows = device.type == "cuda" if args.compile is None else args.compile
     dataset = load_dataset(args.root, "Cora")
     data = dataset[0].to(device)
     settings = paper_settings("Cora")
     chosen = [v for v in VARIANTS
               if v[2] != "sparse_tensor" or torch_geometric.typing.WITH_TORCH_SPARSE]
-    kinds = [name for name, _, _ in chosen]
+    if compile_rows:
+        chosen += [(f"{kind} {suffix}", layer, adj_kind) for suffix, _ in COMPILED
+                   for kind, layer, adj_kind in VARIANTS if kind in COMPILED_OF]
+    modes = {f"{kind} {suffix}": mode for suffix, mode in COMPILED for kind in COMPILED_OF}
     variants = {}
     for kind, layer, adj_kind in chosen:
         conv = {"pyg": torch_geometric.nn.GATConv, "ours": GATConv, "none": NoAttention}[layer]
@@ -83,39 +98,70 @@ def main() -> None:
                     settings["dropout"]).to(device)
         optimizer = torch.optim.Adam(model.parameters(), lr=settings["lr"],
                                      weight_decay=settings["weight_decay"])
-        variants[kind] = (model, optimizer, build_adj(data, adj_kind, device))
+        step_model = (torch.compile(model, mode=modes[kind]) if kind in modes else model)
+        variants[kind] = (model, step_model, optimizer, build_adj(data, adj_kind, device))
 
     def epoch(kind: str) -> float:
-        model, optimizer, adj = variants[kind]
+        model, step_model, optimizer, adj = variants[kind]
         synchronize(device)
         start = time.perf_counter()
+        if modes.get(kind) == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()  # a new step: frees the last one's outputs
         model.train()
         optimizer.zero_grad()
-        out = model(data.x, adj)
+        out = step_model(data.x, adj)
         F.cross_entropy(out[data.train_mask], data.y[data.train_mask]).backward()
         optimizer.step()
         model.eval()
         with torch.no_grad():
-            model(data.x, adj).argmax(dim=-1)
+            step_model(data.x, adj).argmax(dim=-1)
         synchronize(device)
         return (time.perf_counter() - start) * 1e3
 
-    times = {kind: [] for kind in kinds}
-    for kind in kinds:  # warm-up
-        epoch(kind)
-    for r in range(args.rounds):
-        for kind in common.rotated(kinds, r):
-            times[kind].extend(epoch(kind) for _ in range(args.epochs_per_round))
+    def loss_of(kind: str) -> float:
+        """The training loss of the variant's model on its current parameters
+        with dropout off (the same for a compiled model and its eager one)."""
+        model, step_model, _, adj = variants[kind]
+        model.eval()
+        with torch.no_grad():
+            out = step_model(data.x, adj)
+            return float(F.cross_entropy(out[data.train_mask], data.y[data.train_mask]))
+
+    rows = {kind: common.Row("cora", "float32", kind, "epoch") for kind, _, _ in chosen}
+
+    def warm_up(row: common.Row) -> None:
+        first = time.perf_counter()
+        epoch(row.method)  # compiles a compiled variant: its training and evaluation graphs
+        row.extra["first_epoch_s"] = round(time.perf_counter() - first, 2)
+        base = row.method.split(" compiled")[0]
+        if row.method in modes:  # same parameters as its eager model: the same loss
+            variants[row.method][0].load_state_dict(variants[base][0].state_dict())
+            got, want = loss_of(row.method), loss_of(base)
+            row.rel_err = abs(got - want) / abs(want)
+            row.check = "ok" if row.rel_err < 1e-4 else "FAIL"
+            if row.check != "ok":
+                raise AssertionError(f"compiled loss {got} against eager {want}")
+
+    for kind in rows:
+        common.run_guarded(rows[kind], warm_up, device)
+    common.take_turns([(rows[kind], kind) for kind in rows], args.rounds,
+                      lambda row, kind, _: row.times_ms.extend(
+                          epoch(kind) for _ in range(args.epochs_per_round)), device)
+    times = {kind: rows[kind].times_ms for kind in rows}
     base = statistics.median(times[PEER])
     meta = common.environment(device, sys.argv)
     meta["rounds"] = f"{args.rounds} rounds x {args.epochs_per_round} epochs"
-    rows, cells = [], []
+    cells = []
     for kind, layer, _ in chosen:
-        med = statistics.median(times[kind])
+        row = rows[kind]
         layer = LAYERS[layer] + (" (fused_attention=False)" if kind.endswith("unfused") else "")
-        rows.append(common.Row("cora", "float32", kind, "epoch", ms=med, times_ms=times[kind],
-                               extra={"layer": layer}))
-        cells.append([kind, layer, f"{med:.2f} ms", f"{base / med:.2f}x"])
+        row.extra["layer"] = layer
+        if row.status == "ok":
+            row.ms = statistics.median(times[kind])
+            cells.append([kind, layer, f"{row.ms:.2f} ms", f"{base / row.ms:.2f}x"])
+        else:
+            cells.append([kind, layer, row.status[:60], "-"])
+    rows = list(rows.values())
     common.add_speedups(rows, [PEER])
     text = common.markdown_table(["variant", "layer", "median epoch", "vs PyG"], cells)
     notes = (f"One epoch: a training step (forward, loss, backward, Adam) and an evaluation "
@@ -123,7 +169,14 @@ def main() -> None:
              f"variants interleaved round-robin. vs PyG: PyG's GATConv on a plain edge_index "
              f"over this row. 'no attention': the same epoch with each layer cut to its "
              f"projection, bias and head merge, the floor of every row (PyG over it bounds "
-             f"the speed-up any attention implementation can reach).")
+             f"the speed-up any attention implementation can reach)."
+             + (" 'compiled': the model under torch.compile (default mode, or "
+                "mode='reduce-overhead': CUDA graphs), its loss checked against the eager "
+                "model's on the same parameters (rel err); first_epoch_s in the JSON is its "
+                "compile." if compile_rows else ""))
+    failures = common.failure_notes(rows)
+    if failures:
+        notes += "\n\nRows that did not run:\n" + failures
     paths = common.write_results(args.out, common.result_stem("cora_epoch", device, args.tag),
                                  "Cora GAT epoch", meta, rows, text, notes, chart_peers=[PEER])
     print(f"{common.summary_line(meta)}, {meta['rounds']}")
