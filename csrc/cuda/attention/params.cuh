@@ -108,16 +108,16 @@ constexpr int kBackwardThreads = 128;
 constexpr int kBackwardTransposedMinBlocksHalf = 5;
 
 // Policies other than GAT (kScalar false) keep more per entry (GATv2: x_r[i]
-// and e_feat[e] besides grad_out[i]) and per lane (att, the grad_att share):
-// 128 registers at one vector per lane, 255 at two, one block at four. The
-// transformer's transposed pass takes kDotBlocks (its kTransposedMinBlocks:
-// 4, 128 registers without spills in float32) and 3 in 2-byte types, which
-// widen eight channels per vector (at 128 registers it spilled 430-610
-// bytes).
+// besides grad_out[i]) and per lane (att, the grad_att sums): 128 registers
+// at one vector per lane (float32; 2-byte types, which widen eight channels
+// per vector, 168: at 128 GATv2's spilled 228-336 bytes), 255 at two, one
+// block at four. The transformer's transposed pass takes kDotBlocks (its
+// kTransposedMinBlocks: 4, 128 registers without spills in float32) and 3 in
+// 2-byte types (at 128 registers it spilled 430-610 bytes).
 template <typename scalar_t, int VPL, int kS, bool kScalar = true, int kDotBlocks = 4>
 constexpr int backward_min_blocks() {
   if (!kScalar && kS != 0) return sizeof(scalar_t) == 2 ? 3 : kDotBlocks;
-  if (!kScalar) return VPL >= 4 ? 1 : (VPL == 2 ? 2 : 4);
+  if (!kScalar) return VPL >= 4 ? 1 : (VPL == 2 ? 2 : (sizeof(scalar_t) == 2 ? 3 : 4));
   if (kS != 0) return sizeof(scalar_t) == 2 ? kBackwardTransposedMinBlocksHalf : 4;
   return VPL >= 4 ? 1 : (VPL == 1 && sizeof(scalar_t) == 4 ? 5 : 4);
 }

@@ -229,34 +229,28 @@ struct Gatv2Score {
     axpy_vec(acc, w, xv);
   }
 
-  // Backward. ga: this source's share of grad_att (its lane's channels);
-  // ga_range: the sum of the shares of this group's sources in the current
-  // fetch range.
-  acc_t ga[VPL][V];
+  // Backward. ga_range: this lane's channels of grad_att summed over the
+  // entries of the current fetch range, in the order the group walks them
+  // (a fixed range of sources, whichever warp takes it). No per-source
+  // share: a register per channel less.
   acc_t ga_range[VPL][V];
 
-  __device__ __forceinline__ void load_source(const Params&, int64_t, const Lanes&) {
-#pragma unroll
-    for (int k = 0; k < VPL; ++k)
-#pragma unroll
-      for (int v = 0; v < V; ++v) ga[k][v] = 0;
-  }
+  __device__ __forceinline__ void load_source(const Params&, int64_t, const Lanes&) {}
 
+  // x_r[i] of the entry, loaded with grad_out[i]. e_feat[e] is loaded where
+  // it is used (backward): kept in flight it held V registers per entry of
+  // the step even without edge features, and spilled.
   struct BEntry {
-    Vec<scalar_t, V> xr, ef;  // x_r[i] and e_feat[e] of the entry
+    Vec<scalar_t, V> xr;
   };
   __device__ __forceinline__ BEntry load_bentry(const Params& p, const Lanes& m, int k, bool use,
-                                                index_t i, index_t e) const {
-    BEntry be;
-    be.xr = load_vec_if<scalar_t, V>(use, p.x_dst + static_cast<int64_t>(i) * p.HD + m.feat[k]);
-    be.ef = load_vec_if<scalar_t, V>(use && p.e_feat != nullptr,
-                                     p.e_feat + static_cast<int64_t>(e) * p.HD + m.feat[k]);
-    return be;
+                                                index_t i, index_t) const {
+    return {load_vec_if<scalar_t, V>(use, p.x_dst + static_cast<int64_t>(i) * p.HD + m.feat[k])};
   }
 
   // With w = alpha * m and the logit gradient gl = alpha * (m * dot - dl):
   // acc += w * grad_out[i] + gl * att * leaky_relu'(z) (grad_x_l[j]),
-  // ga += gl * leaky_relu(z), grad_e_feat[e] = gl * att * leaky_relu'(z); gl
+  // ga_range += gl * leaky_relu(z), grad_e_feat[e] = gl * att * leaky_relu'(z); gl
   // goes to grad_z[zi, h] and the signs of z to bits[zi, h], for the
   // destination pass (gatv2_dst_rows_kernel), which needs no gather.
   __device__ __forceinline__ void backward(const Params& p, const Lanes& m, int k, bool use, int q,
@@ -266,7 +260,9 @@ struct Gatv2Score {
                                            acc_t (&acc)[V], int64_t zi, int64_t e) {
     acc_t r[V], z[V];
     widen(be.xr, r);
-    const acc_t l = lanes_sum(lane_logit(p, at[k], xj, r, be.ef, z), p.S, mask);
+    const auto ef = load_vec_if<scalar_t, V>(use && p.e_feat != nullptr,
+                                             p.e_feat + e * p.HD + m.feat[k]);
+    const acc_t l = lanes_sum(lane_logit(p, at[k], xj, r, ef, z), p.S, mask);
     // The signs of this lane's V channels, at their place in the head's word.
     uint32_t sign = 0;
 #pragma unroll
@@ -286,7 +282,7 @@ struct Gatv2Score {
       const bool pos = z[v] > acc_t(0);
       gz[v] = gl * at[k][v] * (pos ? acc_t(1) : p.negative_slope);
       acc[v] += w * gw[v] + gz[v];
-      ga[k][v] += gl * (pos ? z[v] : z[v] * p.negative_slope);
+      ga_range[k][v] += gl * (pos ? z[v] : z[v] * p.negative_slope);
     }
     const int64_t zh = zi * p.H + m.head[k];
     if (q == 0) p.grad_z[zh] = gl;
@@ -294,18 +290,12 @@ struct Gatv2Score {
     if (p.grad_e_feat != nullptr) store_vec<scalar_t, V>(p.grad_e_feat + e * p.HD + m.feat[k], gz);
   }
 
-  // A source's (or slice's) share goes into the sum of its fetch range, in
-  // fetch order, stored once per range (store_range): att_part has a row per
-  // range, not per source.
-  __device__ __forceinline__ void store_source(const Params&, int64_t, const Lanes&, int k,
-                                               bool) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) ga_range[k][v] += ga[k][v];
-  }
-  __device__ __forceinline__ void store_slice(const Params& p, int64_t, const Lanes& m, int k,
-                                              bool leader) {
-    store_source(p, 0, m, k, leader);
-  }
+  // grad_att is stored once per fetch range (store_range): att_part has a
+  // row per range, not per source.
+  __device__ __forceinline__ void store_source(const Params&, int64_t, const Lanes&, int,
+                                               bool) {}
+  __device__ __forceinline__ void store_slice(const Params&, int64_t, const Lanes&, int,
+                                              bool) {}
   __device__ __forceinline__ void store_range(const Params& p, int64_t range, const Lanes& m,
                                               int k) {
     store_vec<acc_t, V>(p.att_part + range * p.HD + m.feat[k], ga_range[k]);
