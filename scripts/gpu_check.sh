@@ -131,7 +131,7 @@ fi
 if has cora; then
   step cora
   DATA=$(mktemp -d); cp -r "$PYG_MULTIHEAD_AGG_DATA/Cora" "$DATA/"
-  timeout "${STEP_LIMIT_CORA_BENCH:-180}" python3 benchmarks/bench_cora_epoch.py --device cuda \
+  timeout "${STEP_LIMIT_CORA_BENCH:-240}" python3 benchmarks/bench_cora_epoch.py --device cuda \
     --root "$DATA" --rounds 20 --out "$BENCH_OUT" >> "$LOG" 2>&1 || rc=$?
   pack_reference
   for adj in ${CORA_ADJS:-}; do
