@@ -10,6 +10,7 @@ Selections (markers; tests/README.md lists what each covers):
 - `-m cuda`: the tests that need a GPU (deselected without one);
   `-m "cuda and not slow"` is the device's quick selection.
 """
+import os
 import re
 from itertools import combinations
 
@@ -221,3 +222,27 @@ def pytest_terminal_summary(terminalreporter, config):
     count = config.stash.get(_CUDA_DESELECTED, 0)
     if count:
         terminalreporter.write_line(f"deselected {count} CUDA tests: no CUDA device")
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    """A writable copy of the Planetoid Cora data (Planetoid writes processed/
+    beside raw/), from PYG_MULTIHEAD_AGG_DATA or ../shared/data, processed
+    once here (or downloaded, where there is internet)."""
+    import shutil
+    from pathlib import Path
+
+    from torch_geometric.datasets import Planetoid
+
+    root = tmp_path_factory.mktemp("data")
+    repo = Path(__file__).resolve().parents[1]
+    candidates = [os.environ.get("PYG_MULTIHEAD_AGG_DATA"), repo.parent / "shared" / "data"]
+    source = next((Path(c) for c in candidates if c and (Path(c) / "Cora" / "raw").is_dir()), None)
+    if source is not None:
+        shutil.copytree(source / "Cora" / "raw", root / "Cora" / "raw")
+    try:
+        Planetoid(str(root), "Cora")
+    except Exception as err:  # noqa: BLE001  (the download's error type depends on the PyG version)
+        pytest.skip(f"no Cora data: set PYG_MULTIHEAD_AGG_DATA to a folder holding Cora/raw/ "
+                    f"({err})")
+    return root

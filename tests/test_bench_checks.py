@@ -256,3 +256,40 @@ def test_layer_bench_times_rows_in_turns():
                 continue
             assert r.status == "ok" and len(r.times_ms) >= 6  # 3 repeats a round at least
             assert r.ms == statistics.median(r.times_ms)
+
+
+@pytest.mark.slow  # compiles the model (about 10 s on a CPU)
+def test_cora_bench_checks_its_compiled_rows(data_root, tmp_path, monkeypatch):
+    """bench_cora_epoch.py --compile: a compiled model's loss is checked
+    against its eager model's on the same parameters; a compiled model with a
+    wrong output fails that check and is reported as its row's error while
+    the other rows are timed (here "reduce-overhead" stands for it: our model
+    with its output doubled; PyG's compiled rows left out for time)."""
+    import bench_cora_epoch
+
+    real_compile = torch.compile
+
+    def compile_(model, mode=None, **kwargs):
+        if mode == "reduce-overhead":
+            return lambda *args: 2 * model(*args)
+        return real_compile(model, mode=mode, **kwargs)
+
+    monkeypatch.setattr(bench_cora_epoch, "COMPILED_OF", ("ours edge_index",))
+    monkeypatch.setattr(torch, "compile", compile_)
+    monkeypatch.setattr(sys, "argv", [
+        "bench_cora_epoch.py", "--device", "cpu", "--root", str(data_root), "--rounds", "2",
+        "--epochs-per-round", "1", "--compile", "--out", str(tmp_path)])
+    bench_cora_epoch.main()
+    rows = {r["method"]: r for r in
+            json.loads((tmp_path / "cora_epoch_cpu.json").read_text())["rows"]}
+    compiled = rows["ours edge_index compiled"]
+    assert compiled["status"] == "ok" and compiled["check"] == "ok", compiled
+    assert compiled["rel_err"] < 1e-4 and len(compiled["times_ms"]) == 2 and compiled["ms"] > 0
+    wrong = rows["ours edge_index compiled, reduce-overhead"]
+    assert wrong["status"].startswith("error") and wrong["check"] == "FAIL", wrong
+    assert "compiled loss" in wrong["extra"]["error"] and wrong["ms"] is None
+    assert "pyg edge_index compiled" not in rows
+    for name in ("pyg edge_index", "ours edge_index", "no attention"):
+        assert rows[name]["status"] == "ok" and len(rows[name]["times_ms"]) == 2
+    md = (tmp_path / "cora_epoch_cpu.md").read_text()
+    assert "Rows that did not run" in md and "compiled loss" in md

@@ -2,8 +2,6 @@
 type, and the full 10-seed runs (slow)."""
 import importlib.util
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -41,21 +39,6 @@ def _needs(adj):
             importlib.util.find_spec("torch_sparse") is None, reason="torch-sparse not installed"))
     return pytest.param(adj, marks=marks)
 
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory):
-    """A writable copy of the Planetoid data (Planetoid writes processed/ beside raw/)."""
-    root = tmp_path_factory.mktemp("data")
-    candidates = [os.environ.get("PYG_MULTIHEAD_AGG_DATA"), REPO.parent / "shared" / "data"]
-    source = next((Path(c) for c in candidates if c and (Path(c) / "Cora" / "raw").is_dir()), None)
-    if source is not None:
-        shutil.copytree(source / "Cora" / "raw", root / "Cora" / "raw")
-    try:  # processes once here (or downloads, where there is internet)
-        train_cora.load_dataset(str(root), "Cora")
-    except RuntimeError as err:
-        pytest.skip(f"no Cora data: set PYG_MULTIHEAD_AGG_DATA to a folder holding Cora/raw/ "
-                    f"({err})")
-    return root
 
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[
