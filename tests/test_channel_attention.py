@@ -300,11 +300,14 @@ def test_forward_without_grad_mode(op, device):
     check_without_grad_mode(lambda: run_op(inp, dropout=0.3, philox=PHILOX))
 
 
+@pytest.mark.parametrize("case", [CASES[4], CASES[12]], ids=[CASE_IDS[4], CASE_IDS[12]])
 @pytest.mark.parametrize("op,device", OP_DEVICES)
-def test_deterministic(op, device):
-    """Two runs: bitwise the same outputs and gradients (no atomics)."""
-    inp = make_inputs(op, CASES[4], torch.float32, device=device, with_bias=True)
-    csc = csr_to_csc(inp.rowptr, inp.col, CASES[4][1])
+def test_deterministic(op, device, case):
+    """Two runs: bitwise the same outputs and gradients (no atomics), on a
+    hub row and on a graph whose every CSC column is sliced (the slices'
+    sums, and GATv2's grad_att summed per fetch range)."""
+    inp = make_inputs(op, case, torch.float32, device=device, with_bias=True)
+    csc = csr_to_csc(inp.rowptr, inp.col, case[1])
     results = []
     for _ in range(2):
         floats = {n: t.detach().requires_grad_() for n, t in inp.floats().items()}
