@@ -1,12 +1,12 @@
-// Autograd of the fused attention ops in C++ (gat_attention; gatv2_attention
-// and transformer_attention through one template): the layers call one once
-// per forward, and
-// a Python autograd formula (torch.library.register_autograd) costs about
-// 0.15-0.3 ms of host time per call and its backward, which bounds the step
-// of small graphs and mini-batches. The backward is the op
-// <name>_backward (recomputation from lse over the CSC), whose own autograd
-// (double backward: an error) stays in pyg_multihead_agg/ops.py with the fake
-// implementations.
+// Autograd of the operators in C++: the fused attention ops (gat_attention;
+// gatv2_attention and transformer_attention through one template),
+// multihead_spmm and _gat_scores. The layers call them in every forward,
+// and a Python autograd formula (torch.library.register_autograd) costs
+// about 0.15-0.3 ms of host time per call and its backward, which bounds the
+// step of small graphs and mini-batches. Each backward calls backward ops
+// (for the attention ops <name>_backward, the recomputation from lse over the
+// CSC), whose own autograd (double backward: an error) stays in
+// pyg_multihead_agg/ops.py with the fake implementations.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
@@ -15,6 +15,8 @@
 #include <torch/library.h>
 
 #include <array>
+
+#include "checks.h"
 
 namespace pyg_multihead_agg {
 namespace {
@@ -74,8 +76,23 @@ std::tuple<Tensor, Tensor, Tensor> csr_to_csc(const Tensor& rowptr, const Tensor
   return {colptr.to(col.scalar_type()), row.index_select(0, perm), perm.to(col.scalar_type())};
 }
 
+// materialize_grads_note: the Functions below leave the gradient of an
+// unused output undefined (set_materialize_grads(false)) instead of a zero
+// tensor. A layer that returns no attention weights leaves lse unused in
+// every step: its backward then gets no grad_lse, where autograd would fill
+// an [N_dst, H] zero tensor (a memset launch, and a read of it in the
+// backward kernels) each step. Every backward below handles an undefined
+// gradient of any output.
 Tensor defined_or_empty(const OptTensor& t) { return t.has_value() ? *t : Tensor(); }
 OptTensor as_optional(const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
+
+// A None where an op requires a tensor reaches its autograd kernel as an
+// undefined tensor, on which an autograd Function fails without naming it
+// ("tensor does not have a device"): named first, as the kernels' checks name
+// it without grad mode.
+void check_given(std::initializer_list<std::pair<const Tensor*, const char*>> args) {
+  for (const auto& [t, name] : args) check_defined(*t, name);
+}
 
 // f() calls a backward op. Below the autograd keys unless a graph of the
 // backward is being built (create_graph): the backward ops' own autograd, a
@@ -98,6 +115,7 @@ class GatAttention : public torch::autograd::Function<GatAttention> {
                                const OptTensor& perm, const OptTensor& bias,
                                const OptTensor& perm_inv) {
     at::AutoDispatchBelowADInplaceOrView guard;
+    ctx->set_materialize_grads(false);  // (see materialize_grads_note)
     auto [out, lse] = call_forward(rowptr, col, s_src, s_dst, s_edge, x, negative_slope,
                                    dropout_p, philox, colptr, row, perm, bias, perm_inv);
     // needs_input_grad counts the tensors given, in argument order.
@@ -175,6 +193,8 @@ std::tuple<Tensor, Tensor> gat_attention_autograd(
     const OptTensor& s_edge, const Tensor& x, double negative_slope, double dropout_p,
     const OptTensor& philox, const OptTensor& colptr, const OptTensor& row,
     const OptTensor& perm, const OptTensor& bias, const OptTensor& perm_inv) {
+  check_given({{&rowptr, "rowptr"}, {&col, "col"}, {&s_src, "s_src"}, {&s_dst, "s_dst"},
+               {&x, "x"}});
   if (!at::GradMode::is_enabled()) {
     return forward_without_graph([&] {
       return call_forward(rowptr, col, s_src, s_dst, s_edge, x, negative_slope, dropout_p, philox,
@@ -383,6 +403,7 @@ class ChannelAttention : public torch::autograd::Function<ChannelAttention<Op>> 
                                const OptTensor& row, const OptTensor& perm,
                                const OptTensor& bias, const OptTensor& perm_inv) {
     Tensor out, lse;
+    ctx->set_materialize_grads(false);  // (see materialize_grads_note)
     {
       at::AutoDispatchBelowADInplaceOrView guard;
       std::tie(out, lse) = Op::forward(rowptr, col, a, b, c, d, factor, dropout_p, philox,
@@ -484,6 +505,7 @@ std::tuple<Tensor, Tensor> gatv2_attention_autograd(
     const OptTensor& e_feat, const Tensor& att, double negative_slope, double dropout_p,
     const OptTensor& philox, const OptTensor& colptr, const OptTensor& row,
     const OptTensor& perm, const OptTensor& bias, const OptTensor& perm_inv) {
+  check_given({{&rowptr, "rowptr"}, {&col, "col"}, {&x_l, "x_l"}, {&x_r, "x_r"}, {&att, "att"}});
   if (!at::GradMode::is_enabled()) {
     return forward_without_graph([&] {
       return Gatv2Op::forward(rowptr, col, x_l, x_r, e_feat, att, negative_slope, dropout_p,
@@ -501,6 +523,8 @@ std::tuple<Tensor, Tensor> transformer_attention_autograd(
     const Tensor& value, const OptTensor& e_feat, double scale, double dropout_p,
     const OptTensor& philox, const OptTensor& colptr, const OptTensor& row,
     const OptTensor& perm, const OptTensor& bias, const OptTensor& perm_inv) {
+  check_given({{&rowptr, "rowptr"}, {&col, "col"}, {&query, "query"}, {&key, "key"},
+               {&value, "value"}});
   if (!at::GradMode::is_enabled()) {
     return forward_without_graph([&] {
       return TransformerOp::forward(rowptr, col, query, key, value, e_feat, scale, dropout_p,
@@ -511,6 +535,118 @@ std::tuple<Tensor, Tensor> transformer_attention_autograd(
       rowptr, col, OptTensor(query), OptTensor(key), OptTensor(value), e_feat, scale, dropout_p,
       philox, colptr, row, perm, bias, perm_inv);
   return {outputs[0], outputs[1]};
+}
+
+// multihead_spmm: its backward is multihead_spmm_backward_csc over the
+// caller's CSC (or one built here), or on CUDA without a CSC, outside
+// deterministic mode, the atomic scatter (grad_x) and the SDDMM
+// (grad_weight) over the CSR.
+Tensor call_spmm(const Tensor& rowptr, const Tensor& col, const Tensor& weight, const Tensor& x,
+                 const OptTensor& colptr, const OptTensor& row, const OptTensor& perm,
+                 const OptTensor& perm_inv) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("pyg_multihead_agg::multihead_spmm", "")
+                       .typed<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                     const OptTensor&, const OptTensor&, const OptTensor&,
+                                     const OptTensor&)>();
+  return op.call(rowptr, col, weight, x, colptr, row, perm, perm_inv);
+}
+
+std::tuple<Tensor, Tensor> call_spmm_backward_csc(const Tensor& colptr, const Tensor& row,
+                                                  const Tensor& perm, const OptTensor& weight,
+                                                  const OptTensor& x, const Tensor& grad_out,
+                                                  const OptTensor& perm_inv) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("pyg_multihead_agg::multihead_spmm_backward_csc", "")
+                       .typed<std::tuple<Tensor, Tensor>(
+                           const Tensor&, const Tensor&, const Tensor&, const OptTensor&,
+                           const OptTensor&, const Tensor&, const OptTensor&)>();
+  return op.call(colptr, row, perm, weight, x, grad_out, perm_inv);
+}
+
+Tensor call_spmm_backward_x_scatter(const Tensor& rowptr, const Tensor& col,
+                                    const Tensor& weight, const Tensor& grad_out,
+                                    const c10::SymInt& num_src) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("pyg_multihead_agg::multihead_spmm_backward_x_scatter", "")
+          .typed<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                        c10::SymInt)>();
+  return op.call(rowptr, col, weight, grad_out, num_src);
+}
+
+Tensor call_sddmm(const Tensor& rowptr, const Tensor& col, const Tensor& a, const Tensor& b) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("pyg_multihead_agg::multihead_sddmm", "")
+                       .typed<Tensor(const Tensor&, const Tensor&, const Tensor&,
+                                     const Tensor&)>();
+  return op.call(rowptr, col, a, b);
+}
+
+class MultiheadSpmm : public torch::autograd::Function<MultiheadSpmm> {
+ public:
+  static Tensor forward(AutogradContext* ctx, const Tensor& rowptr, const Tensor& col,
+                        const Tensor& weight, const Tensor& x, const OptTensor& colptr,
+                        const OptTensor& row, const OptTensor& perm,
+                        const OptTensor& perm_inv) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    ctx->set_materialize_grads(false);  // (see materialize_grads_note)
+    Tensor out = call_spmm(rowptr, col, weight, x, colptr, row, perm, perm_inv);
+    // grad_x needs weight, grad_weight needs x: only those are kept.
+    ctx->saved_data["num_src"] = x.sym_size(0);
+    ctx->save_for_backward({rowptr, col, x.requires_grad() ? weight : Tensor(),
+                            weight.requires_grad() ? x : Tensor(), defined_or_empty(colptr),
+                            defined_or_empty(row), defined_or_empty(perm),
+                            defined_or_empty(perm_inv)});
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &rowptr = saved[0], &col = saved[1];
+    Tensor colptr = saved[4], row = saved[5], perm = saved[6], perm_inv = saved[7];
+    // weight and x are inputs 2 and 3 (rowptr and col come first).
+    const Tensor weight = ctx->needs_input_grad(3) ? saved[2] : Tensor();
+    const Tensor x = ctx->needs_input_grad(2) ? saved[3] : Tensor();
+    const Tensor& grad_out = grads[0];
+    variable_list result(8);
+    if (!grad_out.defined() || !(weight.defined() || x.defined())) return result;
+    const c10::SymInt num_src = ctx->saved_data["num_src"].toSymInt();
+    if (!colptr.defined() && grad_out.is_cuda() &&
+        !at::globalContext().deterministicAlgorithms()) {
+      if (weight.defined()) {
+        result[3] = call_below_autograd([&] {
+          return call_spmm_backward_x_scatter(rowptr, col, weight, grad_out, num_src);
+        });
+      }
+      if (x.defined()) {
+        result[2] = call_below_autograd([&] { return call_sddmm(rowptr, col, grad_out, x); });
+      }
+      return result;
+    }
+    if (!colptr.defined()) {
+      std::tie(colptr, row, perm) = csr_to_csc(rowptr, col, num_src);
+      perm_inv = Tensor();  // only with the caller's CSC
+    }
+    auto [grad_x, grad_weight] = call_below_autograd([&] {
+      return call_spmm_backward_csc(colptr, row, perm, as_optional(weight), as_optional(x),
+                                    grad_out, as_optional(perm_inv));
+    });
+    if (weight.defined()) result[3] = grad_x;
+    if (x.defined()) result[2] = grad_weight;
+    return result;
+  }
+};
+
+Tensor multihead_spmm_autograd(const Tensor& rowptr, const Tensor& col, const Tensor& weight,
+                               const Tensor& x, const OptTensor& colptr, const OptTensor& row,
+                               const OptTensor& perm, const OptTensor& perm_inv) {
+  check_given({{&rowptr, "rowptr"}, {&col, "col"}, {&weight, "weight"}, {&x, "x"}});
+  if (!at::GradMode::is_enabled()) {
+    return forward_without_graph(
+        [&] { return call_spmm(rowptr, col, weight, x, colptr, row, perm, perm_inv); });
+  }
+  return MultiheadSpmm::apply(rowptr, col, weight, x, colptr, row, perm, perm_inv);
 }
 
 // _gat_scores: one node for both atts; its backward is the op
@@ -540,6 +676,7 @@ class GatScores : public torch::autograd::Function<GatScores> {
   static variable_list forward(AutogradContext* ctx, const Tensor& x, const Tensor& att_src,
                                const OptTensor& att_dst) {
     at::AutoDispatchBelowADInplaceOrView guard;
+    ctx->set_materialize_grads(false);  // (see materialize_grads_note)
     ctx->save_for_backward({x, att_src, defined_or_empty(att_dst)});
     auto [s_src, s_dst] = call_gat_scores(x, att_src, att_dst);
     return {s_src, s_dst};
@@ -569,6 +706,7 @@ class GatScores : public torch::autograd::Function<GatScores> {
 
 std::tuple<Tensor, Tensor> gat_scores_autograd(const Tensor& x, const Tensor& att_src,
                                                const OptTensor& att_dst) {
+  check_given({{&x, "x"}, {&att_src, "att_src"}});
   if (!at::GradMode::is_enabled()) {
     return forward_without_graph([&] { return call_gat_scores(x, att_src, att_dst); });
   }
@@ -579,6 +717,7 @@ std::tuple<Tensor, Tensor> gat_scores_autograd(const Tensor& x, const Tensor& at
 }  // namespace
 
 TORCH_LIBRARY_IMPL(pyg_multihead_agg, Autograd, m) {
+  m.impl("multihead_spmm", &multihead_spmm_autograd);
   m.impl("_gat_scores", &gat_scores_autograd);
   m.impl("gat_attention", &gat_attention_autograd);
   m.impl("gatv2_attention", &gatv2_attention_autograd);

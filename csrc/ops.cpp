@@ -1,7 +1,8 @@
 // Every schema of the library, and nothing else. Kernels register themselves
 // next to their code (csrc/cpu/*.cpp, csrc/cuda/*/entry.cu); the fake (meta)
-// implementations and autograd live in pyg_multihead_agg/ops.py, except
-// gat_attention's autograd (csrc/autograd.cpp).
+// implementations and the backward ops' autograd (a double backward's error)
+// live in pyg_multihead_agg/ops.py, the other ops' autograd in
+// csrc/autograd.cpp.
 #include <Python.h>
 #include <torch/library.h>
 

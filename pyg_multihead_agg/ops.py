@@ -1,14 +1,15 @@
-"""Python side of the operators: the wrapper, fake implementations and autograd.
+"""Python side of the operators: the wrappers, the fake implementations and
+the backward ops' autograd (a double backward's error).
 
 The schemas live in csrc/ops.cpp, the kernels in csrc/cpu and csrc/cuda,
-gat_attention's autograd in csrc/autograd.cpp.
+the other ops' autograd in csrc/autograd.cpp.
 """
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from .graph import CSC, check_csc, check_csr, check_perm_inv, csr_to_csc
+from .graph import CSC, check_csc, check_csr, check_perm_inv
 
 _ops = torch.ops.pyg_multihead_agg
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -176,42 +177,6 @@ def _(rowptr, col, a, b):
     return a.new_empty(col.size(0), a.size(1))
 
 
-# Autograd. The backward calls custom ops only, so it traces too.
-
-def _setup_context(ctx, inputs, output):
-    rowptr, col, weight, x, colptr, row, perm, perm_inv = inputs
-    need_weight, need_x = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
-    ctx.num_src = x.size(0)
-    # grad_x needs weight, grad_weight needs x: save only those.
-    ctx.save_for_backward(rowptr, col, weight if need_x else None, x if need_weight else None,
-                          colptr, row, perm, perm_inv)
-
-
-def _backward(ctx, grad_out):
-    rowptr, col, weight, x, colptr, row, perm, perm_inv = ctx.saved_tensors
-    grad_weight = grad_x = None
-    if colptr is None and grad_out.is_cuda and not torch.are_deterministic_algorithms_enabled():
-        if weight is not None:
-            grad_x = _ops.multihead_spmm_backward_x_scatter(rowptr, col, weight, grad_out,
-                                                            ctx.num_src)
-        if x is not None:
-            grad_weight = _ops.multihead_sddmm(rowptr, col, grad_out, x)
-        return None, None, grad_weight, grad_x, None, None, None, None
-    if colptr is None:
-        colptr, row, perm = csr_to_csc(rowptr, col, ctx.num_src)
-        perm_inv = None  # only with the caller's CSC
-    gx, gw = _ops.multihead_spmm_backward_csc(colptr, row, perm, weight, x, grad_out, perm_inv)
-    if weight is not None:
-        grad_x = gx
-    if x is not None:
-        grad_weight = gw
-    return None, None, grad_weight, grad_x, None, None, None, None
-
-
-torch.library.register_autograd("pyg_multihead_agg::multihead_spmm", _backward,
-                                setup_context=_setup_context)
-
-
 # The backward ops are not differentiable themselves: say so instead of
 # letting autograd silently return zero second derivatives.
 
@@ -244,13 +209,15 @@ def _new_philox(generator: Optional[torch.Generator] = None) -> Tensor:
     return torch.cat([seed, seed.new_zeros(1)])
 
 
-def _attention_call_args(rowptr: Tensor, col: Tensor, num_src: int, dropout: float,
+def _attention_call_args(rowptr: Tensor, col: Tensor, src: Optional[Tensor], dropout: float,
                          philox: Optional[Tensor], generator: Optional[torch.Generator],
                          csc: Optional[CSC], validate: bool, perm_inv: Optional[Tensor]):
     """What the attention wrappers pass their op besides the features: the
-    graph checked (validate), a fresh Philox key when dropout needs one, the
+    graph checked (validate) against the source features ``src`` (whose
+    absence the op names), a fresh Philox key when dropout needs one, the
     CSC as three optionals, and perm_inv only with the caller's CSC."""
-    if validate:
+    if validate and isinstance(src, Tensor):
+        num_src = src.size(0)
         check_csr(rowptr, col, num_src)
         if csc is not None:
             check_csc(csc, rowptr, col, num_src)
@@ -336,7 +303,7 @@ def gat_attention(rowptr: Tensor, col: Tensor, s_src: Tensor, s_dst: Tensor, x: 
         True
     """
     philox, (colptr, row, perm), perm_inv = _attention_call_args(
-        rowptr, col, x.size(0), dropout, philox, generator, csc, validate, perm_inv)
+        rowptr, col, x, dropout, philox, generator, csc, validate, perm_inv)
     return _ops.gat_attention(rowptr, col, s_src, s_dst, s_edge, x, float(negative_slope),
                               float(dropout), philox, colptr, row, perm, bias, perm_inv)
 
@@ -485,7 +452,7 @@ def gatv2_attention(rowptr: Tensor, col: Tensor, x_l: Tensor, x_r: Tensor, att: 
         True
     """
     philox, (colptr, row, perm), perm_inv = _attention_call_args(
-        rowptr, col, x_l.size(0), dropout, philox, generator, csc, validate, perm_inv)
+        rowptr, col, x_l, dropout, philox, generator, csc, validate, perm_inv)
     return _ops.gatv2_attention(rowptr, col, x_l, x_r, e_feat, att, float(negative_slope),
                                 float(dropout), philox, colptr, row, perm, bias, perm_inv)
 
@@ -624,10 +591,10 @@ def transformer_attention(rowptr: Tensor, col: Tensor, query: Tensor, key: Tenso
         >>> torch.allclose(out[1], v[1])  # a row with one edge: its weight is 1
         True
     """
-    if scale is None:
-        scale = key.size(-1) ** -0.5 if key.size(-1) > 0 else 1.0
+    if scale is None:  # (a missing key: the op names it)
+        scale = key.size(-1) ** -0.5 if isinstance(key, Tensor) and key.size(-1) > 0 else 1.0
     philox, (colptr, row, perm), perm_inv = _attention_call_args(
-        rowptr, col, key.size(0), dropout, philox, generator, csc, validate, perm_inv)
+        rowptr, col, key, dropout, philox, generator, csc, validate, perm_inv)
     return _ops.transformer_attention(rowptr, col, query, key, value, e_feat, float(scale),
                                       float(dropout), philox, colptr, row, perm, bias, perm_inv)
 
