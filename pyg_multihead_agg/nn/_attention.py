@@ -344,11 +344,12 @@ class FusedAttention:
         # whole bias (the mean over the heads of out_h + bias is mean(out_h)
         # + bias). Under autocast it is added after the op, in float32, so
         # that the output is float32 as PyG's.
-        if self.bias is None or torch.is_autocast_enabled(like.device.type):
+        bias = self.bias
+        if bias is None or torch.is_autocast_enabled(like.device.type):
             return None
         H, C = self.heads, self.out_channels
-        bias = self.bias.view(H, C) if self.concat else self.bias.expand(H, C)
-        return bias.to(like.dtype)
+        bias = bias.view(H, C) if self.concat else bias.expand(H, C)
+        return bias if bias.dtype == like.dtype else bias.to(like.dtype)
 
     @staticmethod
     def _need_csc(*inputs: OptTensor) -> bool:

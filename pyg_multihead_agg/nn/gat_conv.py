@@ -99,7 +99,7 @@ def _fold_pays(x_in: Tensor, x_proj: Tensor) -> bool:
     ``x_proj`` costs far more next to a call, from 2^17."""
     n, hc = x_proj.size(0), x_proj.size(1) * x_proj.size(2)
     minimum = _FOLD_MIN_ELEMENTS.get(x_in.device.type, _FOLD_MIN_ELEMENTS["cuda"])
-    return x_in.size(1) <= 4 * hc and n * hc >= minimum
+    return x_in.dim() == 2 and x_in.size(1) <= 4 * hc and n * hc >= minimum
 
 
 def _gat_scores(x_proj: Tensor, att: Tensor, att_2: Optional[Tensor] = None
@@ -298,15 +298,15 @@ class GATConv(FusedAttention, PyGGATConv):
         # it by a whole term. Which edges flip depends on the order of the
         # arithmetic, not its precision. fold_scores = False restores PyG's
         # products, True forces the fold, None (the default) asks _fold_pays.
-        w = getattr(lin, "weight", None)
         fold = getattr(self, "fold_scores", None)
-        if (fold is False
-                or getattr(lin, "bias", None) is not None or not isinstance(w, Tensor)
-                or isinstance(w, torch.nn.parameter.UninitializedParameter)
-                or w.dim() != 2 or x_in.dim() != 2 or not x_in.is_floating_point()
-                or (fold is None and not _fold_pays(x_in, x_proj))):
+        if fold is False or (fold is None and not _fold_pays(x_in, x_proj)):
             # PyG's products and sums, of every att in one kernel and autograd node
             return _gat_scores(x_proj, *atts)
+        w = getattr(lin, "weight", None)
+        if (getattr(lin, "bias", None) is not None or not isinstance(w, Tensor)
+                or isinstance(w, torch.nn.parameter.UninitializedParameter)
+                or w.dim() != 2 or x_in.dim() != 2 or not x_in.is_floating_point()):
+            return _gat_scores(x_proj, *atts)  # (no weight to fold)
         scores = _FoldedScores.apply(x_in, w, *atts).view(-1, len(atts), x_proj.size(1))
         return scores.unbind(dim=1)
 
