@@ -53,8 +53,7 @@ TcLaunchInfo tc_launch_info(Kernel kernel, size_t smem) {
     if (smem > 0)
       C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem)));
-    C10_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info.per_sm, kernel, kThreads, smem));
+    info.per_sm = blocks_per_sm(kernel, kThreads, smem);
   }
   cache.emplace(key, info);
   return info;

@@ -7,6 +7,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 namespace pyg_multihead_agg {
 
@@ -54,6 +57,27 @@ inline int num_sms() {
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount,
                                         c10::cuda::current_device()));
   return count;
+}
+
+// A kernel's resident blocks per SM on the current device with `threads`
+// threads and `smem` bytes of dynamic shared memory, queried once per
+// (kernel, device, threads, smem) and cached. The runtime's occupancy query
+// reads the kernel's attributes, microseconds of host time, and every
+// persistent launch sizes its grid with it: on the small graphs, whose steps
+// the host bounds, each launch would pay it again. (A kernel's dynamic
+// shared memory limit is raised, where it is, before its first query.)
+template <typename Kernel>
+int blocks_per_sm(Kernel kernel, int threads, size_t smem) {
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, int, size_t>, int> cache;
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel),
+                                   static_cast<int>(c10::cuda::current_device()), threads, smem);
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (const auto it = cache.find(key); it != cache.end()) return it->second;
+  int per_sm = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  cache.emplace(key, per_sm);
+  return per_sm;
 }
 
 }  // namespace pyg_multihead_agg

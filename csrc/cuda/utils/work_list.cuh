@@ -260,8 +260,7 @@ inline int forced_fetch_rounds() {
 template <typename Kernel>
 int persistent_grid(Kernel kernel, int64_t num_items, int G, size_t smem = 0,
                     int threads = kThreads) {
-  int per_sm = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  const int per_sm = blocks_per_sm(kernel, threads, smem);
   const int64_t blocks = static_cast<int64_t>(std::max(per_sm, 1)) * num_sms();
   const int64_t items_per_block =
       static_cast<int64_t>(threads / G) * fetch_rounds(num_items, G, forced_fetch_rounds());
