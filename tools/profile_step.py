@@ -8,7 +8,10 @@ Per (step, layer): the wall time per step without the profiler; then, under
 torch.profiler, the kernels launched and their summed GPU time per step, the
 host syncs (cudaStreamSynchronize, cudaMemcpy device-to-host), the ops with
 the most host (self CPU) time and the kernels with the most GPU time; with
---cprofile, the Python functions with the most time of their own.
+--cprofile, the Python functions with the most time of their own. With
+``--layers ours,none`` the Cora step also prints ours minus the no-attention
+floor, per op and per Python function: where the attention layers' own
+time goes.
 ``--steps host`` prints the host time of one layer call on a tiny graph
 (each family, PyG's against ours), the everyday-regime target:
 
@@ -22,7 +25,7 @@ import pstats
 import statistics
 import sys
 import time
-from typing import Callable, List
+from typing import Callable, Dict, List
 
 import torch
 import torch.nn.functional as F
@@ -33,11 +36,17 @@ sys.path.insert(0, os.path.join(HERE, "..", "benchmarks"))
 sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 
 import torch_geometric  # noqa: E402
+from bench_cora_epoch import NoAttention  # noqa: E402
 
 import pyg_multihead_agg.nn  # noqa: E402
 from pyg_multihead_agg import graph as graphs  # noqa: E402
 
-LAYERS = {"pyg": torch_geometric.nn.GATConv, "ours": pyg_multihead_agg.nn.GATConv}
+# --layers: PyG's GATConv, ours, and "none", the Cora benchmark's floor (each
+# layer cut to its projection, bias and head merge), against which a layer's
+# own cost shows (--steps cora: a table of ours minus none, per op and per
+# Python function with --cprofile).
+LAYERS = {"pyg": torch_geometric.nn.GATConv, "ours": pyg_multihead_agg.nn.GATConv,
+          "none": NoAttention}
 
 
 def minibatch_steps(conv: type, device: torch.device, batches) -> List[Callable[[], None]]:
@@ -137,7 +146,9 @@ def first_call_steps(device: torch.device, shape: str, count: int) -> List[Calla
 
 
 def report(title: str, steps: List[Callable[[], None]], device: torch.device, warmup: int,
-           top: int, use_cprofile: bool) -> None:
+           top: int, use_cprofile: bool) -> Dict[str, Dict[str, float]]:
+    """Prints the step's profile; returns host ms per step by op name ("ops")
+    and, with use_cprofile, own time by Python function ("python")."""
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     for fn in steps[:warmup]:
@@ -182,6 +193,7 @@ def report(title: str, steps: List[Callable[[], None]], device: torch.device, wa
         kernels.sort(key=lambda e: e.device_time_total, reverse=True)
         for e in kernels[:top]:
             print(f"| `{e.key[:80]}` | {e.device_time_total / 1e3 / n:.3f} | {e.count / n:.1f} |")
+    result = {"ops": {e.key: e.self_cpu_time_total / 1e3 / n for e in cpu_ops}, "python": {}}
     if use_cprofile:
         pr = cProfile.Profile()
         pr.enable()
@@ -190,8 +202,27 @@ def report(title: str, steps: List[Callable[[], None]], device: torch.device, wa
         sync()
         pr.disable()
         buf = io.StringIO()
-        pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(top)
+        stats = pstats.Stats(pr, stream=buf)
+        stats.sort_stats("tottime").print_stats(top)
         print("\n```\n" + buf.getvalue().strip() + "\n```")
+        for (path, line, func), (_, _, own, _, _) in stats.stats.items():
+            where = f"{os.path.basename(path)}:{line}({func})"
+            result["python"][where] = result["python"].get(where, 0.0) + own * 1e3 / n
+    return result
+
+
+def print_difference(title: str, ours: Dict[str, float], floor: Dict[str, float],
+                     top: int) -> None:
+    """Where a layer's own time goes: per key, ours minus the floor's, the
+    largest differences first (both are ms per step)."""
+    keys = sorted(set(ours) | set(floor), key=lambda k: ours.get(k, 0) - floor.get(k, 0),
+                  reverse=True)
+    total = sum(ours.values()) - sum(floor.values())
+    print(f"\n{title}: {total:.3f} ms per step in all\n")
+    print("| | ours (ms per step) | none | difference |\n|---|---|---|---|")
+    for k in keys[:top]:
+        print(f"| `{k[:80]}` | {ours.get(k, 0):.3f} | {floor.get(k, 0):.3f} | "
+              f"{ours.get(k, 0) - floor.get(k, 0):+.3f} |")
 
 
 def main() -> None:
@@ -200,7 +231,8 @@ def main() -> None:
     parser.add_argument("--steps", default="minibatch,cora",
                         help="comma list of minibatch, cora, firstcall, host (one layer "
                         "call's host time on a tiny graph)")
-    parser.add_argument("--layers", default="pyg,ours")
+    parser.add_argument("--layers", default="pyg,ours",
+                        help="comma list of pyg, ours, none (see LAYERS)")
     parser.add_argument("--batches", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--top", type=int, default=20)
@@ -230,10 +262,17 @@ def main() -> None:
     if "cora" in kinds:
         from train_cora import load_dataset
         data = load_dataset(args.root, "Cora")[0].to(device)
+        profiles = {}
         for layer in args.layers.split(","):
-            report(f"Cora epoch, {layer}",
-                   cora_steps(LAYERS[layer], device, data, args.warmup + 30), device,
-                   args.warmup, args.top, args.cprofile)
+            profiles[layer] = report(f"Cora epoch, {layer}",
+                                     cora_steps(LAYERS[layer], device, data, args.warmup + 30),
+                                     device, args.warmup, args.top, args.cprofile)
+        if "ours" in profiles and "none" in profiles:
+            for part, what in (("ops", "host self time by op"),
+                               ("python", "own time by Python function (cProfile)")):
+                if profiles["ours"][part]:
+                    print_difference(f"Cora epoch, ours minus none, {what}",
+                                     profiles["ours"][part], profiles["none"][part], args.top)
 
 
 if __name__ == "__main__":
