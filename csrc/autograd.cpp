@@ -714,14 +714,174 @@ std::tuple<Tensor, Tensor> gat_scores_autograd(const Tensor& x, const Tensor& at
   return {outputs[0], outputs[1]};
 }
 
+
+// _gat_conv: a whole GATConv call (projection, scores, attention, heads
+// merged) as one op and one autograd node. The forward's pieces, which the
+// backward reuses: the projection h [N, H, C], the scores, the attention's
+// biased output [N, H, C] and lse, and the bias as the attention op adds it.
+struct GatConvParts {
+  Tensor h, s_src, s_dst, out, lse, bias_hc;
+};
+
+GatConvParts gat_conv_parts(const Tensor& x, const Tensor& weight, const Tensor& att_src,
+                            const Tensor& att_dst, const OptTensor& bias, const Tensor& rowptr,
+                            const Tensor& col, const OptTensor& colptr, const OptTensor& row,
+                            const OptTensor& perm, const OptTensor& perm_inv, bool concat,
+                            double negative_slope, double dropout_p, const OptTensor& philox) {
+  TORCH_CHECK(att_src.dim() >= 2, "att_src must be [1, heads, channels], got ", att_src.sizes());
+  const int64_t H = att_src.size(-2), C = att_src.size(-1);
+  TORCH_CHECK(x.dim() == 2, "x must be [N, in_channels], got ", x.sizes());
+  GatConvParts p;
+  p.h = at::linear(x, weight);  // (a width that does not fit fails here, as in PyG's layer)
+  TORCH_CHECK(p.h.size(1) == H * C, "weight must have heads * channels = ", H * C,
+              " rows, got ", weight.sizes());
+  p.h = p.h.view({x.size(0), H, C});
+  std::tie(p.s_src, p.s_dst) = call_gat_scores(p.h, att_src, att_dst);
+  if (bias.has_value() && bias->defined()) {
+    // With concat=False every head gets the whole bias: the mean over the
+    // heads of out_h + bias is mean(out_h) + bias.
+    const Tensor b =
+        bias->scalar_type() == p.h.scalar_type() ? *bias : bias->to(p.h.scalar_type());
+    p.bias_hc = concat ? b.view({H, C}) : b.expand({H, C});
+  }
+  std::tie(p.out, p.lse) =
+      call_forward(rowptr, col, p.s_src, p.s_dst, std::nullopt, p.h, negative_slope, dropout_p,
+                   philox, colptr, row, perm, as_optional(p.bias_hc), perm_inv);
+  return p;
+}
+
+Tensor merge_heads(const Tensor& out, bool concat) {
+  return concat ? out.view({out.size(0), -1}) : out.mean(1);
+}
+
+Tensor gat_conv_composite(const Tensor& x, const Tensor& weight, const Tensor& att_src,
+                          const Tensor& att_dst, const OptTensor& bias, const Tensor& rowptr,
+                          const Tensor& col, const OptTensor& colptr, const OptTensor& row,
+                          const OptTensor& perm, const OptTensor& perm_inv, bool concat,
+                          double negative_slope, double dropout_p, const OptTensor& philox) {
+  return merge_heads(gat_conv_parts(x, weight, att_src, att_dst, bias, rowptr, col, colptr, row,
+                                    perm, perm_inv, concat, negative_slope, dropout_p, philox)
+                         .out,
+                     concat);
+}
+
+class GatConv : public torch::autograd::Function<GatConv> {
+ public:
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& weight,
+                        const Tensor& att_src, const Tensor& att_dst, const OptTensor& bias,
+                        const Tensor& rowptr, const Tensor& col, const OptTensor& colptr,
+                        const OptTensor& row, const OptTensor& perm, const OptTensor& perm_inv,
+                        bool concat, double negative_slope, double dropout_p,
+                        const OptTensor& philox) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    ctx->set_materialize_grads(false);  // (see materialize_grads_note)
+    GatConvParts p = gat_conv_parts(x, weight, att_src, att_dst, bias, rowptr, col, colptr, row,
+                                    perm, perm_inv, concat, negative_slope, dropout_p, philox);
+    const bool has_bias = bias.has_value() && bias->defined();
+    ctx->saved_data["concat"] = concat;
+    ctx->saved_data["negative_slope"] = negative_slope;
+    ctx->saved_data["dropout_p"] = dropout_p;
+    ctx->saved_data["bias_dtype"] = has_bias ? bias->scalar_type() : x.scalar_type();
+    // With concat the result is out's memory: kept as the output (so that
+    // an in-place change of it fails the backward, as for any output), not
+    // as out, whose version an in-place change of the result would not move.
+    Tensor result = merge_heads(p.out, concat);
+    ctx->save_for_backward({x, weight, att_src, att_dst, p.h, p.s_src, p.s_dst,
+                            concat ? result : p.out, p.lse, p.bias_hc, rowptr, col,
+                            defined_or_empty(colptr), defined_or_empty(row),
+                            defined_or_empty(perm), defined_or_empty(perm_inv),
+                            defined_or_empty(philox)});
+    return result;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &x = saved[0], &weight = saved[1], &att_src = saved[2], &att_dst = saved[3],
+                 &h = saved[4], &s_src = saved[5], &s_dst = saved[6], &lse = saved[8],
+                 &bias_hc = saved[9], &rowptr = saved[10], &col = saved[11], &philox = saved[16];
+    Tensor colptr = saved[12], row = saved[13], perm = saved[14], perm_inv = saved[15];
+    variable_list result(15);  // one per argument
+    const Tensor& grad = grads[0];
+    if (!grad.defined()) return result;
+    const bool concat = ctx->saved_data["concat"].toBool();
+    // needs_input_grad counts the tensors given: x, weight, att_src, att_dst,
+    // then the bias where given.
+    if (bias_hc.defined() && ctx->needs_input_grad(4)) {
+      // The sum over rows in at least float32 (half types would round every
+      // partial sum).
+      const auto acc = at::promote_types(grad.scalar_type(), at::kFloat);
+      result[4] = grad.sum(0, false, acc).to(ctx->saved_data["bias_dtype"].toScalarType());
+    }
+    const bool need_x = ctx->needs_input_grad(0), need_w = ctx->needs_input_grad(1);
+    const bool need_att = ctx->needs_input_grad(2) || ctx->needs_input_grad(3);
+    if (!(need_x || need_w || need_att)) return result;
+    const int64_t N = h.size(0), H = h.size(1), C = h.size(2);
+    const Tensor out = concat ? saved[7].view({N, H, C}) : saved[7];  // the attention's output
+    // The gradient of the attention's output [N, H, C]: the heads' slices
+    // (concat) or each head's share of the mean.
+    const Tensor grad_out = concat ? grad.reshape({N, H, C})
+                                   : (grad / static_cast<double>(H)).unsqueeze(1).expand({N, H, C});
+    if (!colptr.defined()) {
+      std::tie(colptr, row, perm) = csr_to_csc(rowptr, col, N);
+      perm_inv = Tensor();  // only with the caller's CSC
+    }
+    auto [grad_h, grad_src, grad_dst, grad_edge] = call_below_autograd([&] {
+      return call_backward(rowptr, col, colptr, row, perm, s_src, s_dst, std::nullopt, h, out,
+                           lse, grad_out, std::nullopt,
+                           ctx->saved_data["negative_slope"].toDouble(),
+                           ctx->saved_data["dropout_p"].toDouble(), as_optional(philox),
+                           as_optional(bias_hc), as_optional(perm_inv));
+    });
+    const bool need_h = need_x || need_w;
+    auto [grad_h_scores, grad_att_src, grad_att_dst] = call_below_autograd([&] {
+      return call_gat_scores_backward(grad_src, grad_dst, h, att_src, att_dst, need_h, need_att);
+    });
+    if (need_att) {
+      result[2] = grad_att_src.view(att_src.sizes()).to(att_src.scalar_type());
+      result[3] = grad_att_dst.view(att_dst.sizes()).to(att_dst.scalar_type());
+    }
+    if (need_h) {
+      // linear's backward: h = x @ weight^T.
+      const Tensor grad_proj = (grad_h + grad_h_scores).view({N, H * C});
+      if (need_w) result[1] = grad_proj.t().mm(x);
+      if (need_x) result[0] = grad_proj.mm(weight);
+    }
+    return result;
+  }
+};
+
+Tensor gat_conv_autograd(const Tensor& x, const Tensor& weight, const Tensor& att_src,
+                         const Tensor& att_dst, const OptTensor& bias, const Tensor& rowptr,
+                         const Tensor& col, const OptTensor& colptr, const OptTensor& row,
+                         const OptTensor& perm, const OptTensor& perm_inv, bool concat,
+                         double negative_slope, double dropout_p, const OptTensor& philox) {
+  check_given({{&x, "x"}, {&weight, "weight"}, {&att_src, "att_src"}, {&att_dst, "att_dst"},
+               {&rowptr, "rowptr"}, {&col, "col"}});
+  if (!at::GradMode::is_enabled()) {
+    return forward_without_graph([&] {
+      return gat_conv_composite(x, weight, att_src, att_dst, bias, rowptr, col, colptr, row,
+                                perm, perm_inv, concat, negative_slope, dropout_p, philox);
+    });
+  }
+  return GatConv::apply(x, weight, att_src, att_dst, bias, rowptr, col, colptr, row, perm,
+                        perm_inv, concat, negative_slope, dropout_p, philox);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(pyg_multihead_agg, Autograd, m) {
   m.impl("multihead_spmm", &multihead_spmm_autograd);
+  m.impl("_gat_conv", &gat_conv_autograd);
   m.impl("_gat_scores", &gat_scores_autograd);
   m.impl("gat_attention", &gat_attention_autograd);
   m.impl("gatv2_attention", &gatv2_attention_autograd);
   m.impl("transformer_attention", &transformer_attention_autograd);
+}
+
+// _gat_conv's forward is a composition of the other ops: every device, and
+// fake tensors under torch.compile, through their kernels.
+TORCH_LIBRARY_IMPL(pyg_multihead_agg, CompositeExplicitAutograd, m) {
+  m.impl("_gat_conv", &gat_conv_composite);
 }
 
 }  // namespace pyg_multihead_agg

@@ -177,6 +177,20 @@ TORCH_LIBRARY(pyg_multihead_agg, m) {
       "_gat_scores_backward(Tensor? grad_src, Tensor? grad_dst, Tensor x, Tensor att_src, "
       "Tensor? att_dst, bool x_grad, bool att_grad) -> (Tensor, Tensor, Tensor)");
 
+  // A whole GATConv call on one graph, as one operator and one autograd node
+  // (csrc/autograd.cpp): the projection linear(x, weight) [N, H * C] viewed
+  // [N, H, C], _gat_scores with att_src and att_dst, gat_attention with the
+  // bias ([H * C] with concat, [C] without) and dropout, then the heads
+  // concatenated ([N, H * C]) or averaged ([N, C]). Rows are N = x.size(0),
+  // sources and destinations alike. The layer takes it where nothing
+  // observes the pieces (nn/gat_conv.py, GATConv._fused_layer): a small
+  // graph's step is bound by the host's cost per operation and autograd
+  // node, and this is one of each instead of seven.
+  m.def(
+      "_gat_conv(Tensor x, Tensor weight, Tensor att_src, Tensor att_dst, Tensor? bias, "
+      "Tensor rowptr, Tensor col, Tensor? colptr, Tensor? row, Tensor? perm, Tensor? perm_inv, "
+      "bool concat, float negative_slope, float dropout_p, Tensor? philox) -> Tensor");
+
   // Private test hook: forces the CUDA kernel path `name` (value -1: back to
   // the launch heuristic) and returns the value it replaces; see
   // csrc/path_overrides.h and pyg_multihead_agg/_testing.py.

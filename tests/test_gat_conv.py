@@ -37,6 +37,15 @@ OP_BACKWARD = "pyg_multihead_agg::multihead_spmm_backward_csc"
 FUSED_OP = "pyg_multihead_agg::gat_attention"
 FUSED_BACKWARD = "pyg_multihead_agg::gat_attention_backward"
 SCORE_OPS = {"pyg_multihead_agg::_gat_scores", "pyg_multihead_agg::_gat_scores_backward"}
+# The whole layer call as one op (GATConv._fused_layer), around the ops above.
+LAYER_OP = "pyg_multihead_agg::_gat_conv"
+
+
+def takes_layer_op(case, fold: bool, edge_attr) -> bool:
+    # Where GATConv runs as _gat_conv: one feature matrix, no residual, no
+    # edge features, the score products (and eager, no autocast, no hooks).
+    return not (case.bipartite or fold or edge_attr is not None
+                or case.kwargs.get("residual", False))
 
 
 class Case(NamedTuple):
@@ -261,7 +270,9 @@ def test_matches_pyg(case, kind, fused, dtype, device):
     if fused != "spmm":
         # the scores as PyG's products (unfolded; edge scores always) in their own op
         scores = fused == "unfolded" or ours_attr is not None
-        assert events == {FUSED_OP, FUSED_BACKWARD} | (SCORE_OPS if scores else set())
+        layer_op = takes_layer_op(case, fused == "fold", ours_attr)
+        assert events == ({FUSED_OP, FUSED_BACKWARD} | (SCORE_OPS if scores else set())
+                          | ({LAYER_OP} if layer_op else set()))
 
 
 @pytest.mark.parametrize("kind", ["torch_csr", "torch_coo"])
@@ -388,8 +399,9 @@ def test_fused_operator_runs(kind, add_self_loops, fused):
     events = op_events(lambda: run(ours, case, kind, adj, x_src.float(), x_dst.float(), None))
     if fused:
         # Softmax + aggregation in one op; backward over the prepared CSC; the
-        # scores (PyG's products on a graph this small) in their own op.
-        assert events == {FUSED_OP, FUSED_BACKWARD} | SCORE_OPS
+        # scores (PyG's products on a graph this small) in their own op; the
+        # whole call (one feature matrix) as one op around them.
+        assert events == {FUSED_OP, FUSED_BACKWARD, LAYER_OP} | SCORE_OPS
     elif kind in ("sparse_tensor", "torch_csr", "torch_coo") or (
             kind == "edge_index_sorted" and not add_self_loops):
         # PyG's softmax; the aggregation on the CSR, backward over the CSC.
@@ -442,6 +454,134 @@ def test_fused_layer_saves_its_output_once(kind, device):
     assert total - 2 * big_bytes < big_bytes, (total, big_bytes)
     out.square().sum().backward()
     assert ours.bias.grad is not None and x.grad is not None
+
+
+def _observed_copy(layer):
+    # The same layer with a forward pre-hook on its projection that changes
+    # nothing: the hook must see the call, so the layer takes its steps, not
+    # _gat_conv.
+    steps = copy.deepcopy(layer)
+    steps.lin.register_forward_pre_hook(lambda module, args: None)
+    return steps
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("concat,bias,loops,dropout,x_grad", [
+    (True, True, True, 0.0, True), (False, True, True, 0.0, True),
+    (True, False, False, 0.0, False), (False, False, True, 0.5, True),
+    (True, True, True, 0.5, False)])
+def test_layer_op_matches_the_steps(concat, bias, loops, dropout, x_grad, device):
+    """_gat_conv (the whole call as one op) against the same layer's steps
+    (projection, score op, attention op), from one state, in float64: output
+    and every gradient, the dropout masks included (the same Philox key for
+    the same seed)."""
+    case = CASES[0]
+    edge_index, x, _, _ = make_graph(case, 11)
+    torch.manual_seed(11)
+    layer = GATConv(7, 6, heads=3, concat=concat, bias=bias, add_self_loops=loops,
+                    dropout=dropout).double().to(device)
+    if bias:
+        with torch.no_grad():
+            layer.bias.normal_()
+    steps = _observed_copy(layer)
+    adj = edge_index.to(device)
+    grad = torch.randn(case.num_src, 18 if concat else 6, dtype=torch.float64, device=device)
+    results = []
+    for model, op_expected in ((layer, True), (steps, False)):
+        xi = x.to(device).requires_grad_(x_grad)
+        torch.manual_seed(5)  # the dropout key
+        events = op_events(lambda m=model, xi=xi: results.append(m(xi, adj)))
+        assert (LAYER_OP in events) == op_expected and FUSED_OP in events
+        out = results[-1]
+        inputs = [p for p in model.parameters()] + ([xi] if x_grad else [])
+        results[-1] = (out, torch.autograd.grad(out, inputs, grad))
+    (out, grads), (ref, ref_grads) = results
+    assert rel_error(out, ref) <= 1e-12
+    for g, r in zip(grads, ref_grads, strict=True):
+        assert rel_error(g, r) <= 1e-12
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("concat", [True, False])
+@pytest.mark.parametrize("with_csc", [True, False])
+def test_layer_op_gradcheck(concat, with_csc, device):
+    gen = torch.Generator().manual_seed(3)
+    num_nodes, heads, channels = 9, 2, 3
+    edge_index = torch.randint(0, num_nodes, (2, 30), generator=gen).to(device)
+    g = graphs.prepare(edge_index, num_nodes, num_nodes, self_loops=num_nodes)
+    csc = g.csc if with_csc else (None, None, None)
+
+    def leaf(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(device).requires_grad_()
+
+    x, weight = leaf(num_nodes, 4), leaf(heads * channels, 4)
+    att_src, att_dst = leaf(1, heads, channels), leaf(1, heads, channels)
+    bias = leaf(heads * channels if concat else channels)
+    philox = torch.tensor([7, 0])
+
+    def fn(x, weight, att_src, att_dst, bias):
+        return torch.ops.pyg_multihead_agg._gat_conv(
+            x, weight, att_src, att_dst, bias, g.rowptr, g.col, *csc, None, concat, 0.2, 0.3,
+            philox)
+
+    assert torch.autograd.gradcheck(fn, (x, weight, att_src, att_dst, bias))
+
+
+@pytest.mark.parametrize("concat", [True, False])
+def test_layer_op_opcheck(concat):
+    num_nodes = 8
+    edge_index = torch.randint(0, num_nodes, (2, 20), generator=torch.Generator().manual_seed(1))
+    g = graphs.prepare(edge_index, num_nodes, num_nodes, self_loops=num_nodes)
+    args = (torch.randn(num_nodes, 5, requires_grad=True), torch.randn(6, 5, requires_grad=True),
+            torch.randn(1, 2, 3, requires_grad=True), torch.randn(1, 2, 3, requires_grad=True),
+            torch.randn(6 if concat else 3, requires_grad=True), g.rowptr, g.col, *g.csc, None,
+            concat, 0.2, 0.0, None)
+    torch.library.opcheck(torch.ops.pyg_multihead_agg._gat_conv.default, args)
+
+
+@pytest.mark.parametrize("concat", [True, False])
+def test_layer_op_output_changed_in_place_fails_the_backward(concat):
+    """The op keeps its output (concat: the attention output's memory) for
+    the backward: changing it in place is an error, not a wrong gradient."""
+    case = CASES[0]
+    edge_index, x, _, _ = make_graph(case, 2)
+    layer = GATConv(7, 6, heads=3, concat=concat)
+    out = layer(x.float(), edge_index)
+    assert "GatConv" in out.grad_fn.name()  # the op's one autograd node
+    out.add_(1.0)
+    if concat:
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()
+    else:  # the mean is a new tensor: the op keeps the attention output instead
+        out.sum().backward()
+        assert layer.lin.weight.grad is not None
+
+
+def test_layer_op_only_where_nothing_observes_it():
+    """The layer takes its steps wherever a piece is observable or the op
+    does not apply: a hook on the projection (it runs), autocast, a residual,
+    attention weights, edge features, a bipartite input."""
+    case = CASES[0]
+    edge_index, x, _, _ = make_graph(case, 4)
+    x = x.float()
+    torch.manual_seed(4)
+    layer = GATConv(7, 6, heads=3)
+    assert LAYER_OP in op_events(lambda: layer(x, edge_index))
+    calls = []
+    hook = layer.lin.register_forward_hook(lambda *args: calls.append(1))
+    assert LAYER_OP not in op_events(lambda: layer(x, edge_index)) and calls == [1]
+    hook.remove()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert LAYER_OP not in op_events(lambda: layer(x, edge_index))
+    assert LAYER_OP not in op_events(lambda: layer(x, edge_index, return_attention_weights=True))
+    residual = GATConv(7, 6, heads=3, residual=True)
+    assert LAYER_OP not in op_events(lambda: residual(x, edge_index))
+    with_edges = GATConv(7, 6, heads=3, edge_dim=2)
+    events = op_events(lambda: with_edges(x, edge_index, torch.randn(edge_index.size(1), 2)))
+    assert LAYER_OP not in events and FUSED_OP in events
+    assert LAYER_OP in op_events(lambda: with_edges(x, edge_index))  # no edge features given
+    bipartite = GATConv((7, 7), 6, heads=3)
+    assert LAYER_OP not in op_events(lambda: bipartite((x, x), edge_index))
 
 
 def test_fused_attention_is_a_constructor_argument():

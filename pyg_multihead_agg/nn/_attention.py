@@ -91,7 +91,10 @@ class FusedAttention:
       the fused operator, called from its ``message_and_aggregate``;
     - ``_fused_logits(inputs, src, dst, edge, dtype)``: the attention logits
       of the given edges, for the returned attention weights;
-    - ``_fused_output(out, inputs)``, if not the default: the output step.
+    - ``_fused_output(out, inputs)``, if not the default: the output step;
+    - ``_fused_layer(x, edge_index, size)``, if the layer has one: the whole
+      call as one operator where it applies (no edge features, no attention
+      weights), else None.
     """
 
     # PyG's GATConv and GATv2Conv return the attention weights after
@@ -153,6 +156,10 @@ class FusedAttention:
         # The layer's projections, PyG's size checks and self-loop count,
         # the edge inputs, the prepared graph, then PyG's propagate on it: its
         # message_and_aggregate (and that method's hooks) run the fused op.
+        if edge_attr is None and not self._wants_weights(return_attention_weights):
+            out = self._fused_layer(x, edge_index, size)
+            if out is not None:
+                return out
         inputs = self._fused_inputs(x)
         sizes = self._check_input(edge_index, size)
         self._set_size(sizes, 0, inputs.src)
@@ -206,6 +213,13 @@ class FusedAttention:
 
         return out, self._attention_weights(edge_index, loops, lse, logits, edge, loop_edge,
                                             inputs.src.dtype)
+
+    def _fused_layer(self, x: Union[Tensor, OptPairTensor], edge_index: Adj,
+                     size: Size) -> OptTensor:
+        # The whole call (projections, scores, the op, the output step) as one
+        # operator and one autograd node, where the layer has one and nothing
+        # observes its pieces (GATConv: _gat_conv); None: the steps below.
+        return None
 
     def _propagate_observed(self) -> bool:
         # Whether the fused op must run inside PyG's propagate: a

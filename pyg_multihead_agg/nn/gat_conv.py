@@ -4,7 +4,10 @@ from typing import Optional, Tuple, Union
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.modules import module as torch_module
+from torch_geometric import is_compiling
 from torch_geometric.nn import GATConv as PyGGATConv
+from torch_geometric.nn.dense.linear import Linear as PyGLinear
 from torch_geometric.typing import Adj, OptPairTensor, OptTensor, Size, SparseTensor
 
 from .. import graph as graphs
@@ -97,9 +100,25 @@ def _fold_pays(x_in: Tensor, x_proj: Tensor) -> bool:
     and 3.9 ms: the threshold gives up 4% on a lone arxiv-sized layer for
     the host-bound steps of that size. On the CPU, where a pass over
     ``x_proj`` costs far more next to a call, from 2^17."""
-    n, hc = x_proj.size(0), x_proj.size(1) * x_proj.size(2)
+    return _fold_pays_for(x_in, x_proj.size(0), x_proj.size(1) * x_proj.size(2))
+
+
+def _fold_pays_for(x_in: Tensor, n: int, hc: int) -> bool:
+    # _fold_pays for a projection of n rows of hc = H * C elements.
     minimum = _FOLD_MIN_ELEMENTS.get(x_in.device.type, _FOLD_MIN_ELEMENTS["cuda"])
     return x_in.dim() == 2 and x_in.size(1) <= 4 * hc and n * hc >= minimum
+
+
+# Module hooks that would see the projection's call (torch.nn's global ones).
+_GLOBAL_MODULE_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks",
+                        "_global_backward_hooks", "_global_backward_pre_hooks")
+
+
+def _observed(module: torch.nn.Module) -> bool:
+    # Whether calling the module runs a hook: its own or a global one.
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks
+                or any(getattr(torch_module, name, None) for name in _GLOBAL_MODULE_HOOKS))
 
 
 def _gat_scores(x_proj: Tensor, att: Tensor, att_2: Optional[Tensor] = None
@@ -309,6 +328,52 @@ class GATConv(FusedAttention, PyGGATConv):
             return _gat_scores(x_proj, *atts)  # (no weight to fold)
         scores = _FoldedScores.apply(x_in, w, *atts).view(-1, len(atts), x_proj.size(1))
         return scores.unbind(dim=1)
+
+    def _fused_layer(self, x: Union[Tensor, OptPairTensor], edge_index: Adj,
+                     size: Size) -> OptTensor:
+        # The whole call as one operator, _gat_conv (projection, scores, the
+        # attention op, heads merged and the bias, in one autograd node
+        # instead of seven: a small graph's step is bound by the host's cost
+        # per operation and node). Where it serves: eager (a compiled model
+        # captures the pieces anyway), one feature matrix and the shared
+        # projection, PyG's Linear without bias and with no hook that would
+        # see its call, no residual, no autocast, the score products (not the
+        # fold), and nothing that observes propagate. Else None.
+        lin = self.lin
+        if (not isinstance(x, Tensor) or type(lin) is not PyGLinear
+                or self.res is not None or lin.bias is not None or is_compiling()
+                or x.dim() != 2 or not x.is_floating_point()
+                or torch.is_autocast_enabled(x.device.type) or _observed(lin)):
+            return None
+        weight = lin.weight
+        if isinstance(weight, torch.nn.parameter.UninitializedParameter):
+            return None
+        fold = self.fold_scores
+        if fold or (fold is None and _fold_pays_for(x, x.size(0),
+                                                    self.heads * self.out_channels)):
+            return None
+        if self._propagate_observed():
+            return None
+        # PyG's size checks: the adjacency's (and size's) sizes must be x's.
+        sizes = self._check_input(edge_index, size)
+        self._set_size(sizes, 0, x)
+        self._set_size(sizes, 1, x)
+        num_nodes = x.size(0)
+        loops = (self._num_loop_nodes(x, size, edge_index)
+                 if getattr(self, "add_self_loops", False) else None)
+        graph = graphs.prepare(edge_index, num_nodes, num_nodes, self_loops=loops,
+                               need_csc=self._need_csc(x, weight, self.att_src, self.att_dst))
+        if graph.has_spare_row:  # (under torch.compile only)
+            return None
+        dropout = self.dropout if self.training else 0.0
+        # The Philox key as gat_attention draws it: the same masks as the
+        # steps below for the same seed.
+        philox = ops._new_philox() if dropout > 0 else None
+        colptr, row, perm = graph.csc if graph.csc is not None else (None, None, None)
+        return torch.ops.pyg_multihead_agg._gat_conv(
+            x, weight, self.att_src, self.att_dst, self.bias, graph.rowptr, graph.col, colptr,
+            row, perm, graph.perm_inv if graph.csc is not None else None, self.concat,
+            float(self.negative_slope), float(dropout), philox)
 
     # The score policy of the fused forward (FusedAttention._fused_forward).
 
