@@ -842,7 +842,7 @@ class GatConv : public torch::autograd::Function<GatConv> {
     }
     if (need_h) {
       // linear's backward: h = x @ weight^T.
-      const Tensor grad_proj = (grad_h + grad_h_scores).view({N, H * C});
+      const Tensor grad_proj = grad_h.add_(grad_h_scores).view({N, H * C});  // (grad_h: ours)
       if (need_w) result[1] = grad_proj.t().mm(x);
       if (need_x) result[0] = grad_proj.mm(weight);
     }

@@ -109,6 +109,16 @@ def _fold_pays_for(x_in: Tensor, n: int, hc: int) -> bool:
     return x_in.dim() == 2 and x_in.size(1) <= 4 * hc and n * hc >= minimum
 
 
+def _plain_weight(lin) -> Optional[Tensor]:
+    # The weight [H * C, F] of a projection lin(x) = x @ weight^T: a linear
+    # map without bias whose weight is initialised; else None.
+    w = getattr(lin, "weight", None)
+    if (getattr(lin, "bias", None) is not None or not isinstance(w, Tensor)
+            or isinstance(w, torch.nn.parameter.UninitializedParameter) or w.dim() != 2):
+        return None
+    return w
+
+
 # Module hooks that would see the projection's call (torch.nn's global ones).
 _GLOBAL_MODULE_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks",
                         "_global_backward_hooks", "_global_backward_pre_hooks")
@@ -321,10 +331,8 @@ class GATConv(FusedAttention, PyGGATConv):
         if fold is False or (fold is None and not _fold_pays(x_in, x_proj)):
             # PyG's products and sums, of every att in one kernel and autograd node
             return _gat_scores(x_proj, *atts)
-        w = getattr(lin, "weight", None)
-        if (getattr(lin, "bias", None) is not None or not isinstance(w, Tensor)
-                or isinstance(w, torch.nn.parameter.UninitializedParameter)
-                or w.dim() != 2 or x_in.dim() != 2 or not x_in.is_floating_point()):
+        w = _plain_weight(lin)
+        if w is None or x_in.dim() != 2 or not x_in.is_floating_point():
             return _gat_scores(x_proj, *atts)  # (no weight to fold)
         scores = _FoldedScores.apply(x_in, w, *atts).view(-1, len(atts), x_proj.size(1))
         return scores.unbind(dim=1)
@@ -341,12 +349,12 @@ class GATConv(FusedAttention, PyGGATConv):
         # fold), and nothing that observes propagate. Else None.
         lin = self.lin
         if (not isinstance(x, Tensor) or type(lin) is not PyGLinear
-                or self.res is not None or lin.bias is not None or is_compiling()
+                or self.res is not None or is_compiling()
                 or x.dim() != 2 or not x.is_floating_point()
                 or torch.is_autocast_enabled(x.device.type) or _observed(lin)):
             return None
-        weight = lin.weight
-        if isinstance(weight, torch.nn.parameter.UninitializedParameter):
+        weight = _plain_weight(lin)
+        if weight is None:
             return None
         fold = self.fold_scores
         if fold or (fold is None and _fold_pays_for(x, x.size(0),

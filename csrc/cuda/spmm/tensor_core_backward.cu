@@ -65,7 +65,7 @@ bool try_launch_tc_dot_gather(const DotParams<scalar_t, index_t>& p,
     auto kernel = dots ? tc_dot_kernel_for<scalar_t, index_t, true>(p.H)
                        : tc_dot_kernel_for<scalar_t, index_t, false>(p.H);
     const size_t smem = static_cast<size_t>(kThreads / 32) * kTcDotStages * kTcDotStageBytes;
-    if (!tc_launch_info(kernel, smem).built) return false;
+    if (!tc_kernel_ready(kernel, smem)) return false;
     // Long rows in slices (SliceList), their partial grad_x rows summed by
     // sum_slices_kernel.
     at::Tensor storage;

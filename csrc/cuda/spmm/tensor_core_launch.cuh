@@ -29,34 +29,26 @@ bool tc_kernel_built(Kernel kernel) {
   return attr.binaryVersion >= 80;
 }
 
-// A tensor-core kernel's launch facts on the current device, queried once
-// per (kernel, device, dynamic shared memory) and cached: whether it was
-// built for sm_80 or newer (tc_kernel_built), and its resident blocks per SM
-// (after raising its dynamic shared memory limit), instead of three runtime
-// calls a launch (cudaFuncGetAttributes alone: ~5.6 us under torch.profiler).
-struct TcLaunchInfo {
-  bool built = false;
-  int per_sm = 0;
-};
-
+// Whether a tensor-core kernel can run on the current device, queried once
+// per (kernel, device, dynamic shared memory) and cached: it was built for
+// sm_80 or newer (tc_kernel_built), and its dynamic shared memory limit is
+// raised to `smem` (before its occupancy, blocks_per_sm, is first asked),
+// instead of runtime calls at every launch (cudaFuncGetAttributes alone:
+// ~5.6 us under torch.profiler).
 template <typename Kernel>
-TcLaunchInfo tc_launch_info(Kernel kernel, size_t smem) {
+bool tc_kernel_ready(Kernel kernel, size_t smem) {
   static std::mutex mutex;
-  static std::map<std::tuple<const void*, int, size_t>, TcLaunchInfo> cache;
+  static std::map<std::tuple<const void*, int, size_t>, bool> cache;
   const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel),
                                    static_cast<int>(c10::cuda::current_device()), smem);
   const std::lock_guard<std::mutex> lock(mutex);
   if (const auto it = cache.find(key); it != cache.end()) return it->second;
-  TcLaunchInfo info;
-  info.built = tc_kernel_built(kernel);
-  if (info.built) {
-    if (smem > 0)
-      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(smem)));
-    info.per_sm = blocks_per_sm(kernel, kThreads, smem);
-  }
-  cache.emplace(key, info);
-  return info;
+  const bool built = tc_kernel_built(kernel);
+  if (built && smem > 0)
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem)));
+  cache.emplace(key, built);
+  return built;
 }
 
 // Launches a tensor-core kernel (tc_run's loop) over tiles of 8 rows, as many
@@ -65,9 +57,8 @@ TcLaunchInfo tc_launch_info(Kernel kernel, size_t smem) {
 // WorkList or SliceList.
 template <typename Kernel, typename Params, typename List>
 bool launch_tc(Kernel kernel, const Params& t, const List& wl, size_t smem) {
-  const TcLaunchInfo info = tc_launch_info(kernel, smem);
-  if (!info.built) return false;
-  const int per_sm = info.per_sm;
+  if (!tc_kernel_ready(kernel, smem)) return false;
+  const int per_sm = blocks_per_sm(kernel, kThreads, smem);
   const int64_t tiles = (t.num_rows + 7) / 8, warps = kThreads / 32;
   const int64_t blocks = std::max<int64_t>(
       1, std::min<int64_t>(static_cast<int64_t>(std::max(per_sm, 1)) * num_sms(),
