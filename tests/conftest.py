@@ -90,6 +90,22 @@ def rel_error(out, ref):
     return float((out - ref).norm() / denom) if ref.numel() else 0.0
 
 
+def rel_error_and_rounding(out, ref, scale=0.0):
+    """(error, rounding): ``||out - ref||`` and twice ``||ref rounded to
+    out.dtype - ref||``, both over ``max(||ref||, scale)``. The second is the
+    error that storing the exact result in out's dtype forces: next to a
+    relative tolerance it matters only in a half type's subnormal range
+    (below 6.1e-5 in float16, which holds few bits there), e.g. an attention
+    output whose only kept edge has a weight of 1e-6. Asserts the shapes
+    match and that out is finite."""
+    rel_error(out, ref)  # shape and finiteness
+    dtype = out.dtype
+    out, ref = out.detach().double().cpu(), ref.detach().double().cpu()
+    denom = max(float(ref.norm()), scale, 1e-30)
+    rounding = 2 * float((ref.to(dtype).double() - ref).norm())
+    return float((out - ref).norm()) / denom, rounding / denom
+
+
 def check_without_grad_mode(run):
     """An attention op's run() -> (out, lse) without grad mode (no_grad,
     inference_mode), where the op runs below the autograd keys at once
