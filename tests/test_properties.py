@@ -10,6 +10,7 @@ Profiles: "ci" (default) keeps the file within about a minute on a small CPU;
 "gpu" (``HYPOTHESIS_PROFILE=gpu``) draws many more and larger cases.
 """
 import os
+from collections import Counter
 from typing import NamedTuple
 
 import pytest
@@ -167,10 +168,21 @@ def values(p: Problem, num_edges: int, device):
     return weight, x, grad_out, gen
 
 
+def accumulation(p: Problem) -> float:
+    """The relative error that the problem's longest sum (the most edges into
+    one destination or out of one source) may carry, accumulated in float32
+    (float64 for float64 inputs): up to about n * eps, since n equal terms
+    (a row of repeated edges) round alike instead of cancelling out."""
+    into, out_of = Counter(d for d, _ in p.edges), Counter(s for _, s in p.edges)
+    longest = max([*into.values(), *out_of.values()], default=0)
+    return longest * (2.0 ** -53 if p.dtype == torch.float64 else 2.0 ** -24)
+
+
 def assert_matches(out, ref, p: Problem, what: str):
     assert out.dtype == p.dtype, (what, out.dtype)
     err, rounding = rel_error_and_rounding(out, ref)
-    assert err <= TOLERANCE[p.dtype] + rounding, f"{what}: relative error {err:.3g} for {p}"
+    bound = TOLERANCE[p.dtype] + rounding + accumulation(p)
+    assert err <= bound, f"{what}: relative error {err:.3g} > {bound:.3g} for {p}"
 
 
 def assert_grad_matches(g, r, p: Problem, name: str, tol: float, scale: float = 0.0,
@@ -180,7 +192,7 @@ def assert_grad_matches(g, r, p: Problem, name: str, tol: float, scale: float = 
     tolerance, an absolute allowance for a known error bound."""
     assert g.dtype == p.dtype, (name, g.dtype)
     err, rounding = rel_error_and_rounding(g, r, scale)
-    bound = tol + rounding + allowance / max(float(r.norm()), scale, 1e-30)
+    bound = tol + rounding + accumulation(p) + allowance / max(float(r.norm()), scale, 1e-30)
     assert err <= bound, f"grad {name}: relative error {err:.3g} > {bound:.3g} for {p}"
 
 
@@ -298,7 +310,7 @@ def test_gat_attention(device, p, with_edge, dropout, mode, through):
             return
         raise
     ref = reference_grads(inp, grad_out, grad_lse, dropout=dropout, philox=philox)
-    assert_grads_close(grads[:1], ref[:1], p.dtype, ["x"])
+    assert_grads_close(grads[:1], ref[:1], p.dtype, ["x"], accumulation=accumulation(p))
     # Score gradients are alpha * (m * <g, x> - <g, out>) per edge, with out
     # rounded to the dtype: in float16 / bfloat16 they carry a rounding error
     # of about eps * |g| * |out| even where the exact value is 0 (a row with a
