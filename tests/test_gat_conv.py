@@ -560,7 +560,8 @@ def test_layer_op_output_changed_in_place_fails_the_backward(concat):
 def test_layer_op_only_where_nothing_observes_it():
     """The layer takes its steps wherever a piece is observable or the op
     does not apply: a hook on the projection (it runs), autocast, a residual,
-    attention weights, edge features, a bipartite input."""
+    attention weights, edge features, a bipartite input, a graph with a spare
+    row (self-loops without the index check)."""
     case = CASES[0]
     edge_index, x, _, _ = make_graph(case, 4)
     x = x.float()
@@ -582,6 +583,12 @@ def test_layer_op_only_where_nothing_observes_it():
     assert LAYER_OP in op_events(lambda: with_edges(x, edge_index))  # no edge features given
     bipartite = GATConv((7, 7), 6, heads=3)
     assert LAYER_OP not in op_events(lambda: bipartite((x, x), edge_index))
+    graphs.set_index_check(False)
+    try:
+        events = op_events(lambda: layer(x, edge_index.clone()))  # (a graph not cached yet)
+    finally:
+        graphs.set_index_check(True)
+    assert LAYER_OP not in events and FUSED_OP in events
 
 
 def test_fused_attention_is_a_constructor_argument():
