@@ -737,6 +737,13 @@ GatConvParts gat_conv_parts(const Tensor& x, const Tensor& weight, const Tensor&
               " rows, got ", weight.sizes());
   p.h = p.h.view({x.size(0), H, C});
   std::tie(p.s_src, p.s_dst) = call_gat_scores(p.h, att_src, att_dst);
+  // A spare row after the nodes' (the caller's own self-loops, where the
+  // graph was built without the index check) has no features: its score is
+  // 0, and the result drops its output.
+  const int64_t rows = rowptr.size(0) - 1;
+  TORCH_CHECK(rows == x.size(0) || rows == x.size(0) + 1, "rowptr must describe ", x.size(0),
+              " rows (the nodes of x), or one spare row more, got ", rows);
+  if (rows > x.size(0)) p.s_dst = at::constant_pad_nd(p.s_dst, {0, 0, 0, 1});
   if (bias.has_value() && bias->defined()) {
     // With concat=False every head gets the whole bias: the mean over the
     // heads of out_h + bias is mean(out_h) + bias.
@@ -750,8 +757,11 @@ GatConvParts gat_conv_parts(const Tensor& x, const Tensor& weight, const Tensor&
   return p;
 }
 
-Tensor merge_heads(const Tensor& out, bool concat) {
-  return concat ? out.view({out.size(0), -1}) : out.mean(1);
+// The layer's result from the attention's output: the nodes' rows (without a
+// spare row), heads concatenated or averaged.
+Tensor merge_heads(const Tensor& out, int64_t num_nodes, bool concat) {
+  const Tensor nodes = out.narrow(0, 0, num_nodes);
+  return concat ? nodes.view({num_nodes, -1}) : nodes.mean(1);
 }
 
 Tensor gat_conv_composite(const Tensor& x, const Tensor& weight, const Tensor& att_src,
@@ -762,7 +772,7 @@ Tensor gat_conv_composite(const Tensor& x, const Tensor& weight, const Tensor& a
   return merge_heads(gat_conv_parts(x, weight, att_src, att_dst, bias, rowptr, col, colptr, row,
                                     perm, perm_inv, concat, negative_slope, dropout_p, philox)
                          .out,
-                     concat);
+                     x.size(0), concat);
 }
 
 class GatConv : public torch::autograd::Function<GatConv> {
@@ -785,7 +795,8 @@ class GatConv : public torch::autograd::Function<GatConv> {
     // With concat the result is out's memory: kept as the output (so that
     // an in-place change of it fails the backward, as for any output), not
     // as out, whose version an in-place change of the result would not move.
-    Tensor result = merge_heads(p.out, concat);
+    // A spare row's output, beyond the result, is read from out's storage.
+    Tensor result = merge_heads(p.out, x.size(0), concat);
     ctx->save_for_backward({x, weight, att_src, att_dst, p.h, p.s_src, p.s_dst,
                             concat ? result : p.out, p.lse, p.bias_hc, rowptr, col,
                             defined_or_empty(colptr), defined_or_empty(row),
@@ -815,12 +826,15 @@ class GatConv : public torch::autograd::Function<GatConv> {
     const bool need_x = ctx->needs_input_grad(0), need_w = ctx->needs_input_grad(1);
     const bool need_att = ctx->needs_input_grad(2) || ctx->needs_input_grad(3);
     if (!(need_x || need_w || need_att)) return result;
-    const int64_t N = h.size(0), H = h.size(1), C = h.size(2);
-    const Tensor out = concat ? saved[7].view({N, H, C}) : saved[7];  // the attention's output
-    // The gradient of the attention's output [N, H, C]: the heads' slices
-    // (concat) or each head's share of the mean.
-    const Tensor grad_out = concat ? grad.reshape({N, H, C})
-                                   : (grad / static_cast<double>(H)).unsqueeze(1).expand({N, H, C});
+    const int64_t N = h.size(0), H = h.size(1), C = h.size(2), rows = rowptr.size(0) - 1;
+    // The attention's output, [rows, H, C]: with concat the result is its
+    // first N rows, out's memory from its start.
+    const Tensor out = concat ? saved[7].as_strided({rows, H, C}, {H * C, C, 1}) : saved[7];
+    // The gradient of the attention's output: the heads' slices (concat) or
+    // each head's share of the mean, and none for a spare row.
+    Tensor grad_out = concat ? grad.reshape({N, H, C})
+                             : (grad / static_cast<double>(H)).unsqueeze(1).expand({N, H, C});
+    if (rows > N) grad_out = at::constant_pad_nd(grad_out, {0, 0, 0, 0, 0, rows - N});
     if (!colptr.defined()) {
       std::tie(colptr, row, perm) = csr_to_csc(rowptr, col, N);
       perm_inv = Tensor();  // only with the caller's CSC
@@ -834,7 +848,8 @@ class GatConv : public torch::autograd::Function<GatConv> {
     });
     const bool need_h = need_x || need_w;
     auto [grad_h_scores, grad_att_src, grad_att_dst] = call_below_autograd([&] {
-      return call_gat_scores_backward(grad_src, grad_dst, h, att_src, att_dst, need_h, need_att);
+      return call_gat_scores_backward(grad_src, grad_dst.narrow(0, 0, N), h, att_src, att_dst,
+                                      need_h, need_att);
     });
     if (need_att) {
       result[2] = grad_att_src.view(att_src.sizes()).to(att_src.scalar_type());

@@ -466,17 +466,21 @@ def _observed_copy(layer):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("concat,bias,loops,dropout,x_grad", [
-    (True, True, True, 0.0, True), (False, True, True, 0.0, True),
-    (True, False, False, 0.0, False), (False, False, True, 0.5, True),
-    (True, True, True, 0.5, False)])
-def test_layer_op_matches_the_steps(concat, bias, loops, dropout, x_grad, device):
+@pytest.mark.parametrize("concat,bias,loops,dropout,x_grad,checked", [
+    (True, True, True, 0.0, True, True), (False, True, True, 0.0, True, True),
+    (True, False, False, 0.0, False, True), (False, False, True, 0.5, True, True),
+    (True, True, True, 0.5, False, True), (True, True, True, 0.5, True, False),
+    (False, True, True, 0.0, True, False)])
+def test_layer_op_matches_the_steps(concat, bias, loops, dropout, x_grad, checked, device):
     """_gat_conv (the whole call as one op) against the same layer's steps
     (projection, score op, attention op), from one state, in float64: output
     and every gradient, the dropout masks included (the same Philox key for
-    the same seed)."""
+    the same seed). Without the index check (checked=False) the caller's own
+    self-loops go to a spare row, which the op scores 0 and drops."""
     case = CASES[0]
     edge_index, x, _, _ = make_graph(case, 11)
+    if not checked:  # with own self-loops, so that the spare row has edges
+        edge_index = torch.cat([edge_index, torch.arange(3).repeat(2, 1)], dim=1)
     torch.manual_seed(11)
     layer = GATConv(7, 6, heads=3, concat=concat, bias=bias, add_self_loops=loops,
                     dropout=dropout).double().to(device)
@@ -490,7 +494,15 @@ def test_layer_op_matches_the_steps(concat, bias, loops, dropout, x_grad, device
     for model, op_expected in ((layer, True), (steps, False)):
         xi = x.to(device).requires_grad_(x_grad)
         torch.manual_seed(5)  # the dropout key
-        events = op_events(lambda m=model, xi=xi: results.append(m(xi, adj)))
+        graphs.clear_cache()
+        graphs.set_index_check(checked)
+        try:
+            events = op_events(lambda m=model, xi=xi: results.append(m(xi, adj)))
+            assert graphs.prepare(adj, case.num_src, case.num_src,
+                                  self_loops=case.num_src if loops else None
+                                  ).has_spare_row == (loops and not checked)
+        finally:
+            graphs.set_index_check(True)
         assert (LAYER_OP in events) == op_expected and FUSED_OP in events
         out = results[-1]
         inputs = [p for p in model.parameters()] + ([xi] if x_grad else [])
@@ -504,11 +516,18 @@ def test_layer_op_matches_the_steps(concat, bias, loops, dropout, x_grad, device
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("concat", [True, False])
 @pytest.mark.parametrize("with_csc", [True, False])
-def test_layer_op_gradcheck(concat, with_csc, device):
+@pytest.mark.parametrize("spare_row", [False, True])
+def test_layer_op_gradcheck(concat, with_csc, spare_row, device):
     gen = torch.Generator().manual_seed(3)
     num_nodes, heads, channels = 9, 2, 3
-    edge_index = torch.randint(0, num_nodes, (2, 30), generator=gen).to(device)
-    g = graphs.prepare(edge_index, num_nodes, num_nodes, self_loops=num_nodes)
+    edge_index = torch.randint(0, num_nodes, (2, 30), generator=gen)
+    edge_index = torch.cat([edge_index, torch.arange(3).repeat(2, 1)], dim=1).to(device)
+    graphs.set_index_check(not spare_row)  # unchecked: own self-loops to a spare row
+    try:
+        g = graphs.prepare(edge_index, num_nodes, num_nodes, self_loops=num_nodes)
+    finally:
+        graphs.set_index_check(True)
+    assert g.has_spare_row == spare_row
     csc = g.csc if with_csc else (None, None, None)
 
     def leaf(*shape):
@@ -560,8 +579,7 @@ def test_layer_op_output_changed_in_place_fails_the_backward(concat):
 def test_layer_op_only_where_nothing_observes_it():
     """The layer takes its steps wherever a piece is observable or the op
     does not apply: a hook on the projection (it runs), autocast, a residual,
-    attention weights, edge features, a bipartite input, a graph with a spare
-    row (self-loops without the index check)."""
+    attention weights, edge features, a bipartite input."""
     case = CASES[0]
     edge_index, x, _, _ = make_graph(case, 4)
     x = x.float()
@@ -583,12 +601,6 @@ def test_layer_op_only_where_nothing_observes_it():
     assert LAYER_OP in op_events(lambda: with_edges(x, edge_index))  # no edge features given
     bipartite = GATConv((7, 7), 6, heads=3)
     assert LAYER_OP not in op_events(lambda: bipartite((x, x), edge_index))
-    graphs.set_index_check(False)
-    try:
-        events = op_events(lambda: layer(x, edge_index.clone()))  # (a graph not cached yet)
-    finally:
-        graphs.set_index_check(True)
-    assert LAYER_OP not in events and FUSED_OP in events
 
 
 def test_fused_attention_is_a_constructor_argument():

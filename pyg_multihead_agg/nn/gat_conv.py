@@ -371,10 +371,6 @@ class GATConv(FusedAttention, PyGGATConv):
                  if getattr(self, "add_self_loops", False) else None)
         graph = graphs.prepare(edge_index, num_nodes, num_nodes, self_loops=loops,
                                need_csc=self._need_csc(x, weight, self.att_src, self.att_dst))
-        if graph.has_spare_row:
-            # (the caller's self-loops in a spare row: a graph built without
-            # the index check, set_index_check(False); the steps pad and crop)
-            return None
         dropout = self.dropout if self.training else 0.0
         # The Philox key as gat_attention draws it: the same masks as the
         # steps below for the same seed.
