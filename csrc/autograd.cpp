@@ -714,7 +714,6 @@ std::tuple<Tensor, Tensor> gat_scores_autograd(const Tensor& x, const Tensor& at
   return {outputs[0], outputs[1]};
 }
 
-
 // _gat_conv: a whole GATConv call (projection, scores, attention, heads
 // merged) as one op and one autograd node. The forward's pieces, which the
 // backward reuses: the projection h [N, H, C], the scores, the attention's
@@ -731,18 +730,18 @@ GatConvParts gat_conv_parts(const Tensor& x, const Tensor& weight, const Tensor&
   TORCH_CHECK(att_src.dim() >= 2, "att_src must be [1, heads, channels], got ", att_src.sizes());
   const int64_t H = att_src.size(-2), C = att_src.size(-1);
   TORCH_CHECK(x.dim() == 2, "x must be [N, in_channels], got ", x.sizes());
-  GatConvParts p;
-  p.h = at::linear(x, weight);  // (a width that does not fit fails here, as in PyG's layer)
-  TORCH_CHECK(p.h.size(1) == H * C, "weight must have heads * channels = ", H * C,
-              " rows, got ", weight.sizes());
-  p.h = p.h.view({x.size(0), H, C});
-  std::tie(p.s_src, p.s_dst) = call_gat_scores(p.h, att_src, att_dst);
   // A spare row after the nodes' (the caller's own self-loops, where the
   // graph was built without the index check) has no features: its score is
   // 0, and the result drops its output.
   const int64_t rows = rowptr.size(0) - 1;
   TORCH_CHECK(rows == x.size(0) || rows == x.size(0) + 1, "rowptr must describe ", x.size(0),
               " rows (the nodes of x), or one spare row more, got ", rows);
+  GatConvParts p;
+  p.h = at::linear(x, weight);  // (a width that does not fit fails here, as in PyG's layer)
+  TORCH_CHECK(p.h.size(1) == H * C, "weight must have heads * channels = ", H * C,
+              " rows, got ", weight.sizes());
+  p.h = p.h.view({x.size(0), H, C});
+  std::tie(p.s_src, p.s_dst) = call_gat_scores(p.h, att_src, att_dst);
   if (rows > x.size(0)) p.s_dst = at::constant_pad_nd(p.s_dst, {0, 0, 0, 1});
   if (bias.has_value() && bias->defined()) {
     // With concat=False every head gets the whole bias: the mean over the

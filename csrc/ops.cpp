@@ -182,7 +182,9 @@ TORCH_LIBRARY(pyg_multihead_agg, m) {
   // [N, H, C], _gat_scores with att_src and att_dst, gat_attention with the
   // bias ([H * C] with concat, [C] without) and dropout, then the heads
   // concatenated ([N, H * C]) or averaged ([N, C]). Rows are N = x.size(0),
-  // sources and destinations alike. The layer takes it where nothing
+  // sources and destinations alike; rowptr may have one spare row more (the
+  // caller's own self-loops of a graph built without the index check), scored
+  // 0 and dropped from the result. The layer takes it where nothing
   // observes the pieces (nn/gat_conv.py, GATConv._fused_layer): a small
   // graph's step is bound by the host's cost per operation and autograd
   // node, and this is one of each instead of seven.

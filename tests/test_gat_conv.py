@@ -546,6 +546,15 @@ def test_layer_op_gradcheck(concat, with_csc, spare_row, device):
     assert torch.autograd.gradcheck(fn, (x, weight, att_src, att_dst, bias))
 
 
+def test_layer_op_names_a_graph_of_other_rows():
+    x, weight = torch.randn(4, 3), torch.randn(6, 3)
+    att = torch.randn(1, 2, 3)
+    rowptr, col = torch.zeros(7, dtype=torch.long), torch.zeros(0, dtype=torch.long)  # 6 rows
+    with pytest.raises(RuntimeError, match="rowptr must describe 4 rows"):
+        torch.ops.pyg_multihead_agg._gat_conv(x, weight, att, att, None, rowptr, col, None, None,
+                                              None, None, True, 0.2, 0.0, None)
+
+
 @pytest.mark.parametrize("concat", [True, False])
 def test_layer_op_opcheck(concat):
     num_nodes = 8
