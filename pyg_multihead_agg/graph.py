@@ -678,24 +678,31 @@ _EDGES: "collections.OrderedDict[tuple, Tuple[Tuple[StorageWeakRef, ...], List[T
 _EDGES_KEPT = 8
 
 
-def _edge_pair(adj) -> Optional[Tuple[Tensor, Tensor]]:
-    # The (sources, destinations) index tensors that _graph_of_edges takes
-    # under torch.compile, as views of the adjacency's own storage (which
-    # keys its cache), or None where the conversion is traced instead: a
-    # plain edge_index, an EdgeIndex's index tensor (traced, its conversion
-    # would run in every call and build no perm_inv), and a SparseTensor
-    # whose row indices are cached (fill_cache_(); else they are computed in
-    # every call and would never match the cache).
+def _edge_pair(adj) -> Optional[Tuple[Tensor, Optional[Tensor]]]:
+    # The index tensors that _graph_of_edges takes under torch.compile, the
+    # adjacency's own (whose storages, views and versions key its cache):
+    # (index, None) for a plain edge_index or an EdgeIndex's index tensor
+    # (traced, its conversion would run in every call and build no
+    # perm_inv), (col, row) for a SparseTensor whose row indices are cached
+    # (fill_cache_(); else they are computed in every call and would never
+    # match the cache); None where the conversion is traced instead. Whole
+    # tensors, not rows of one: Inductor hands a view on to an operator as a
+    # tensor of its own, whose version counter an in-place edit of the edges
+    # does not move.
     if isinstance(adj, SparseTensor):
         row = adj.storage._row
         return None if row is None else (adj.storage.col(), row)
     if isinstance(adj, Tensor) and adj.layout == torch.strided and adj.dim() == 2:
-        index = adj.as_tensor() if isinstance(adj, EdgeIndex) else adj
-        return index[0], index[1]
+        return (adj.as_tensor() if isinstance(adj, EdgeIndex) else adj), None
     return None
 
 
-def _compiled_graph(src: Tensor, dst: Tensor, num_src: int, num_dst: int,
+def _edge_rows(src: Tensor, dst: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    # The (sources, destinations) of _graph_of_edges's index tensors.
+    return (src[0], src[1]) if dst is None else (src, dst)
+
+
+def _compiled_graph(src: Tensor, dst: Optional[Tensor], num_src: int, num_dst: int,
                     loops: Optional[int], need_csc: bool) -> Graph:
     parts = torch.ops.pyg_multihead_agg._graph_of_edges(
         src, dst, num_src, num_dst, -1 if loops is None else loops, need_csc)
@@ -712,16 +719,17 @@ def _index_key(index: Tensor) -> tuple:
             index.storage_offset(), tuple(index.shape), index.stride(), index._version)
 
 
-def _graph_of_edges_parts(src: Tensor, dst: Tensor, num_src: int, num_dst: int, loops: int,
-                          need_csc: bool) -> List[Tensor]:
+def _graph_of_edges_parts(src: Tensor, dst: Optional[Tensor], num_src: int, num_dst: int,
+                          loops: int, need_csc: bool) -> List[Tensor]:
     # (indices made under torch.inference_mode keep no version counter: not kept)
-    keep = not (src.is_inference() or dst.is_inference())
-    key = (_index_key(src), _index_key(dst), num_src, num_dst, loops, need_csc) if keep else None
+    index = (src,) if dst is None else (src, dst)
+    keep = not any(t.is_inference() for t in index)
+    key = (tuple(_index_key(t) for t in index), num_src, num_dst, loops, need_csc) if keep else None
     hit = _EDGES.get(key) if keep else None
     if hit is not None and not any(ref.expired() for ref in hit[0]):
         _EDGES.move_to_end(key)
         return hit[1]
-    pair = (src, dst)  # (an edge list as _build reads it, no stacked copy)
+    pair = _edge_rows(src, dst)  # (an edge list as _build reads it, no stacked copy)
     graph = _build(pair, num_src, num_dst, None if loops < 0 else loops, False, need_csc)
     if need_csc and graph.csc is None:
         graph = _with_csc(graph, pair, num_src, False)
@@ -734,7 +742,7 @@ def _graph_of_edges_parts(src: Tensor, dst: Tensor, num_src: int, num_dst: int, 
     if keep:
         for stale in [k for k, (refs, _) in _EDGES.items() if any(r.expired() for r in refs)]:
             del _EDGES[stale]
-        refs = tuple(StorageWeakRef(t.untyped_storage()) for t in (src, dst))
+        refs = tuple(StorageWeakRef(t.untyped_storage()) for t in index)
         _EDGES[key] = (refs, parts)
         while len(_EDGES) > _EDGES_KEPT:
             _EDGES.popitem(last=False)
@@ -751,22 +759,23 @@ _EDGES_TAGS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_uns
 # (CPU: 13 against 4.7 us with a trivial body), paid by every layer call of a
 # compiled model.
 _LIB = torch.library.Library("pyg_multihead_agg", "FRAGMENT")
-_LIB.define("_graph_of_edges(Tensor src, Tensor dst, SymInt num_src, SymInt num_dst, "
+_LIB.define("_graph_of_edges(Tensor src, Tensor? dst, SymInt num_src, SymInt num_dst, "
             "SymInt loops, bool need_csc) -> Tensor[]", tags=_EDGES_TAGS)
 
 
-def _graph_of_edges(src: Tensor, dst: Tensor, num_src: int, num_dst: int, loops: int,
+def _graph_of_edges(src: Tensor, dst: Optional[Tensor], num_src: int, num_dst: int, loops: int,
                     need_csc: bool) -> List[Tensor]:
     r"""The graph of an edge list (sources :obj:`src` and destinations
-    :obj:`dst`: the rows of a plain :obj:`edge_index` or of an
-    :class:`EdgeIndex`'s index tensor, a :class:`SparseTensor`'s cached
-    column and row indices) under :func:`torch.compile`:
+    :obj:`dst`, a :class:`SparseTensor`'s cached column and row indices; or,
+    with :obj:`dst` None, both as the two rows of :obj:`src`, a plain
+    :obj:`edge_index` or an :class:`EdgeIndex`'s index tensor) under
+    :func:`torch.compile`:
     :obj:`[rowptr, col, edge_perm]` (and :obj:`[colptr, row, perm]` with
     :obj:`need_csc`, plus :obj:`perm_inv` on CUDA), converted as
     :func:`prepare` traces it (no index
     check; the caller's self-loops to a spare row when :obj:`loops >= 0`),
     once per edge list: the graphs of the last few edge lists (by
-    storage, view and version of both index tensors) are kept, so that a
+    storage, view and version of the index tensors) are kept, so that a
     compiled model on a fixed graph converts it once, as an eager one does,
     and the layers of one step share a mini-batch's. Returned as copies,
     which the compiled graph owns (it may reuse an operator's outputs as
@@ -780,7 +789,7 @@ _LIB.impl("_graph_of_edges", _graph_of_edges, "CompositeExplicitAutograd")
 
 @torch.library.register_fake("pyg_multihead_agg::_graph_of_edges")
 def _(src, dst, num_src, num_dst, loops, need_csc):
-    num_edges = src.size(0)
+    num_edges = src.size(-1)
     rows, total = (num_dst, num_edges) if loops < 0 else (num_dst + 1, num_edges + loops)
     dtype = _index_dtype(src.device, total, num_src, rows)
     sizes = [rows + 1, total, total] + ([num_src + 1, total, total] if need_csc else [])

@@ -347,6 +347,13 @@ def test_graph_of_edges_is_the_traced_conversion(loops, need_csc, device):
     torch.library.opcheck(torch.ops.pyg_multihead_agg._graph_of_edges.default,
                           (edge_index[0], edge_index[1], 6, 6, -1 if loops is None else loops,
                            need_csc))
+    # the whole edge tensor (dst None: its two rows) gives the same graph
+    whole = torch.ops.pyg_multihead_agg._graph_of_edges(
+        edge_index, None, 6, 6, -1 if loops is None else loops, need_csc)
+    for got, ref in zip(whole, expected, strict=True):
+        assert torch.equal(got, ref)
+    torch.library.opcheck(torch.ops.pyg_multihead_agg._graph_of_edges.default,
+                          (edge_index, None, 6, 6, -1 if loops is None else loops, need_csc))
 
 
 def test_graph_of_edges_converts_each_edge_tensor_once(monkeypatch):
@@ -378,11 +385,11 @@ def test_graph_of_edges_converts_each_edge_tensor_once(monkeypatch):
         op(torch.tensor([[0, 1], [1, 0]]), 2, 2, -1, False)  # each dies after the call
     assert len(graphs._EDGES) <= graphs._EDGES_KEPT
     own = edge_index.untyped_storage().data_ptr()
-    others = [refs for key, (refs, _) in graphs._EDGES.items() if key[0][0] != own]
+    others = [refs for key, (refs, _) in graphs._EDGES.items() if key[0][0][0] != own]
     # kept only while their tensors live
     assert others and all(any(ref.expired() for ref in refs) for refs in others)
     op(torch.tensor([[0, 1], [1, 0]]), 2, 2, -1, True)  # a conversion drops the dead ones
-    assert all(key[0][0] == own for key in list(graphs._EDGES)[:-1])
+    assert all(key[0][0][0] == own for key in list(graphs._EDGES)[:-1])
 
 
 @pytest.mark.parametrize("adj_type", [
@@ -390,12 +397,16 @@ def test_graph_of_edges_converts_each_edge_tensor_once(monkeypatch):
     pytest.param("SparseTensor", marks=pytest.mark.skipif(not WITH_TORCH_SPARSE,
                                                           reason="needs torch_sparse"))])
 @pytest.mark.parametrize("add_self_loops", [False, True])
-def test_compiled_layer_converts_an_edge_list_once(add_self_loops, adj_type, monkeypatch):
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_layer_converts_an_edge_list_once(backend, add_self_loops, adj_type,
+                                                   monkeypatch):
     """A compiled GATConv on a plain edge_index, an EdgeIndex or a
     SparseTensor with filled caches converts the graph at its first call
     only, as the eager layer does (through their index tensors, not traced
     into every call), matches eager (output and gradients), and converts
-    again after an in-place change of the edges."""
+    again after an in-place change of the edges (also under Inductor, which
+    hands an operator a view of an input as a tensor of its own: the
+    operator takes the whole edge tensor, whose version the edit moves)."""
     torch.manual_seed(0)
     n = 12
     edge_index = torch.randint(0, n, (2, 40))
@@ -416,13 +427,13 @@ def test_compiled_layer_converts_an_edge_list_once(add_self_loops, adj_type, mon
         return out, torch.autograd.grad(out.square().sum(), params)
     torch._dynamo.reset()
     graphs._EDGES.clear()
-    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    compiled = torch.compile(layer, backend=backend, fullgraph=True)
     calls = _counting_build(monkeypatch)
     for _ in range(3):
         out, grads = step(compiled)
     assert len(calls) == 1
     src = graphs._edge_pair(adj)[0]
-    assert [key[0][0] for key in graphs._EDGES] == [src.untyped_storage().data_ptr()]
+    assert [key[0][0][0] for key in graphs._EDGES] == [src.untyped_storage().data_ptr()]
     graphs.clear_cache()
     want, want_grads = step(layer)
     assert torch.allclose(out, want, atol=1e-6)
