@@ -672,9 +672,9 @@ def prepare(adj, num_src: int, num_dst: int, *, self_loops: Optional[int] = None
 
 # The graphs of the last _EDGES_KEPT edge lists _graph_of_edges converted,
 # most recent last: key -> (weak references to the source and destination
-# index storages, parts).
-_EDGES: "collections.OrderedDict[tuple, Tuple[Tuple[StorageWeakRef, ...], List[Tensor]]]" = (
-    collections.OrderedDict())
+# index storages, (rowptr, the other parts)).
+_Kept = Tuple[Tuple[StorageWeakRef, ...], Tuple[Tensor, Tensor]]
+_EDGES: "collections.OrderedDict[tuple, _Kept]" = collections.OrderedDict()
 _EDGES_KEPT = 8
 
 
@@ -702,13 +702,28 @@ def _edge_rows(src: Tensor, dst: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     return (src[0], src[1]) if dst is None else (src, dst)
 
 
+def _graph_layout(num_src: int, num_dst: int, num_edges: int, loops: int, need_csc: bool,
+                  cuda: bool) -> Tuple[int, List[int]]:
+    # The sizes of _graph_of_edges's two tensors: rowptr's, and those of
+    # the parts of the other, [col, edge_perm] (+ [colptr, row, perm] with
+    # the CSC, + [perm_inv] on CUDA), one after another.
+    rows, total = (num_dst, num_edges) if loops < 0 else (num_dst + 1, num_edges + loops)
+    parts = [total, total]
+    if need_csc:
+        parts += [num_src + 1, total, total] + ([total] if cuda else [])
+    return rows + 1, parts
+
+
 def _compiled_graph(src: Tensor, dst: Optional[Tensor], num_src: int, num_dst: int,
                     loops: Optional[int], need_csc: bool) -> Graph:
-    parts = torch.ops.pyg_multihead_agg._graph_of_edges(
-        src, dst, num_src, num_dst, -1 if loops is None else loops, need_csc)
-    csc = tuple(parts[3:6]) if need_csc else None
-    perm_inv = parts[6] if len(parts) > 6 else None
-    return Graph(parts[0], parts[1], csc, perm_inv, parts[2], num_dst)
+    loops = -1 if loops is None else loops
+    rowptr, rest = torch.ops.pyg_multihead_agg._graph_of_edges(src, dst, num_src, num_dst, loops,
+                                                               need_csc)
+    _, sizes = _graph_layout(num_src, num_dst, src.size(-1), loops, need_csc, src.is_cuda)
+    parts = torch.split(rest, sizes)
+    csc = tuple(parts[2:5]) if need_csc else None
+    perm_inv = parts[5] if len(parts) > 5 else None
+    return Graph(rowptr, parts[0], csc, perm_inv, parts[1], num_dst)
 
 
 def _index_key(index: Tensor) -> tuple:
@@ -720,7 +735,7 @@ def _index_key(index: Tensor) -> tuple:
 
 
 def _graph_of_edges_parts(src: Tensor, dst: Optional[Tensor], num_src: int, num_dst: int,
-                          loops: int, need_csc: bool) -> List[Tensor]:
+                          loops: int, need_csc: bool) -> Tuple[Tensor, Tensor]:
     # (indices made under torch.inference_mode keep no version counter: not kept)
     index = (src,) if dst is None else (src, dst)
     keep = not any(t.is_inference() for t in index)
@@ -737,8 +752,9 @@ def _graph_of_edges_parts(src: Tensor, dst: Optional[Tensor], num_src: int, num_
         # converted once per edge list: the CUDA backward's faster write
         # order pays from the first step on
         graph = graph._replace(perm_inv=invert_perm(graph.csc[2]))
-    parts = [graph.rowptr, graph.col, graph.edge_perm] + (
+    rest = [graph.col, graph.edge_perm] + (
         list(graph.csc) + ([graph.perm_inv] if src.is_cuda else []) if need_csc else [])
+    parts = (graph.rowptr, torch.cat(rest))  # (_graph_layout)
     if keep:
         for stale in [k for k, (refs, _) in _EDGES.items() if any(r.expired() for r in refs)]:
             del _EDGES[stale]
@@ -760,28 +776,29 @@ _EDGES_TAGS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_uns
 # compiled model.
 _LIB = torch.library.Library("pyg_multihead_agg", "FRAGMENT")
 _LIB.define("_graph_of_edges(Tensor src, Tensor? dst, SymInt num_src, SymInt num_dst, "
-            "SymInt loops, bool need_csc) -> Tensor[]", tags=_EDGES_TAGS)
+            "SymInt loops, bool need_csc) -> (Tensor, Tensor)", tags=_EDGES_TAGS)
 
 
 def _graph_of_edges(src: Tensor, dst: Optional[Tensor], num_src: int, num_dst: int, loops: int,
-                    need_csc: bool) -> List[Tensor]:
+                    need_csc: bool) -> Tuple[Tensor, Tensor]:
     r"""The graph of an edge list (sources :obj:`src` and destinations
     :obj:`dst`, a :class:`SparseTensor`'s cached column and row indices; or,
     with :obj:`dst` None, both as the two rows of :obj:`src`, a plain
     :obj:`edge_index` or an :class:`EdgeIndex`'s index tensor) under
-    :func:`torch.compile`:
-    :obj:`[rowptr, col, edge_perm]` (and :obj:`[colptr, row, perm]` with
-    :obj:`need_csc`, plus :obj:`perm_inv` on CUDA), converted as
-    :func:`prepare` traces it (no index
-    check; the caller's self-loops to a spare row when :obj:`loops >= 0`),
-    once per edge list: the graphs of the last few edge lists (by
-    storage, view and version of the index tensors) are kept, so that a
-    compiled model on a fixed graph converts it once, as an eager one does,
-    and the layers of one step share a mini-batch's. Returned as copies,
-    which the compiled graph owns (it may reuse an operator's outputs as
-    scratch)."""
-    return [t.clone() for t in _graph_of_edges_parts(src, dst, num_src, num_dst, loops,
-                                                       need_csc)]
+    :func:`torch.compile`, as two tensors: :obj:`rowptr`, and
+    :obj:`[col, edge_perm]` (and :obj:`[colptr, row, perm]` with
+    :obj:`need_csc`, plus :obj:`perm_inv` on CUDA) one after another
+    (:func:`_graph_layout`), converted as :func:`prepare` traces it (no
+    index check; the caller's self-loops to a spare row when
+    :obj:`loops >= 0`), once per edge list: the graphs of the last few edge
+    lists (by storage, view and version of the index tensors) are kept, so
+    that a compiled model on a fixed graph converts it once, as an eager one
+    does, and the layers of one step share a mini-batch's. Returned as
+    copies, which the compiled graph owns (it may reuse an operator's
+    outputs as scratch): two, not one per part, since each copy is a kernel
+    launch in every layer call."""
+    rowptr, rest = _graph_of_edges_parts(src, dst, num_src, num_dst, loops, need_csc)
+    return rowptr.clone(), rest.clone()
 
 
 _LIB.impl("_graph_of_edges", _graph_of_edges, "CompositeExplicitAutograd")
@@ -789,13 +806,11 @@ _LIB.impl("_graph_of_edges", _graph_of_edges, "CompositeExplicitAutograd")
 
 @torch.library.register_fake("pyg_multihead_agg::_graph_of_edges")
 def _(src, dst, num_src, num_dst, loops, need_csc):
-    num_edges = src.size(-1)
-    rows, total = (num_dst, num_edges) if loops < 0 else (num_dst + 1, num_edges + loops)
+    ptr, sizes = _graph_layout(num_src, num_dst, src.size(-1), loops, need_csc,
+                               src.device.type == "cuda")
+    rows, total = ptr - 1, sizes[0]
     dtype = _index_dtype(src.device, total, num_src, rows)
-    sizes = [rows + 1, total, total] + ([num_src + 1, total, total] if need_csc else [])
-    if need_csc and src.device.type == "cuda":
-        sizes.append(total)  # perm_inv
-    return [src.new_empty(size, dtype=dtype) for size in sizes]
+    return src.new_empty(ptr, dtype=dtype), src.new_empty(sum(sizes), dtype=dtype)
 
 
 def _untraceable(adj) -> bool:

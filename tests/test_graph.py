@@ -323,37 +323,47 @@ def _counting_build(monkeypatch):
 def test_graph_of_edges_is_the_traced_conversion(loops, need_csc, device):
     """The operator's graph is prepare's traced one (no index check, a spare
     row for the caller's self-loops; on CUDA with the CSC, perm_inv too, the
-    backward's faster write order), and opcheck passes (schema, fake shapes
-    and dtypes, no aliasing of the kept tensors)."""
+    backward's faster write order), as rowptr and the other parts one after
+    another (_graph_layout), and opcheck passes (schema, fake shapes and
+    dtypes, no aliasing of the kept tensors)."""
     gen = torch.Generator().manual_seed(0)
     edge_index = torch.randint(0, 6, (2, 20), generator=gen).to(device)
     graphs._EDGES.clear()
-    parts = torch.ops.pyg_multihead_agg._graph_of_edges(
-        edge_index[0], edge_index[1], 6, 6, -1 if loops is None else loops, need_csc)
+    loops_arg = -1 if loops is None else loops
+    rowptr, rest = torch.ops.pyg_multihead_agg._graph_of_edges(
+        edge_index[0], edge_index[1], 6, 6, loops_arg, need_csc)
     want = graphs._build(edge_index, 6, 6, loops, False, need_csc)
     if need_csc and want.csc is None:
         want = graphs._with_csc(want, edge_index, 6, False)
-    expected = [want.rowptr, want.col, want.edge_perm] + (list(want.csc) if need_csc else [])
+    expected = [want.col, want.edge_perm] + (list(want.csc) if need_csc else [])
     if need_csc and device == "cuda":
         expected.append(pma.invert_perm(want.csc[2]))
-    assert len(parts) == len(expected)
-    for got, ref in zip(parts, expected, strict=True):
-        assert torch.equal(got, ref)
+    ptr_size, sizes = graphs._graph_layout(6, 6, 20, loops_arg, need_csc, device == "cuda")
+    assert sizes == [t.numel() for t in expected] and ptr_size == want.rowptr.numel()
+    assert torch.equal(rowptr, want.rowptr)
+    assert torch.equal(rest, torch.cat(expected))
+    # _compiled_graph: the same parts, as views of the two tensors
+    graph = graphs._compiled_graph(edge_index[0], edge_index[1], 6, 6, loops, need_csc)
+    got = [graph.col, graph.edge_perm] + (list(graph.csc) if need_csc else [])
+    if graph.perm_inv is not None:
+        got.append(graph.perm_inv)
+    assert len(got) == len(expected) and graph.num_dst == 6
+    for part, ref in zip(got, expected, strict=True):
+        assert torch.equal(part, ref)
     # Copies: the caller may write into them without touching the kept graph.
-    parts[1].fill_(-1)
+    rest.fill_(-1)
+    rowptr.fill_(-1)
     again = torch.ops.pyg_multihead_agg._graph_of_edges(
-        edge_index[0], edge_index[1], 6, 6, -1 if loops is None else loops, need_csc)
-    assert torch.equal(again[1], want.col)
+        edge_index[0], edge_index[1], 6, 6, loops_arg, need_csc)
+    assert torch.equal(again[0], want.rowptr) and torch.equal(again[1], torch.cat(expected))
     torch.library.opcheck(torch.ops.pyg_multihead_agg._graph_of_edges.default,
-                          (edge_index[0], edge_index[1], 6, 6, -1 if loops is None else loops,
-                           need_csc))
+                          (edge_index[0], edge_index[1], 6, 6, loops_arg, need_csc))
     # the whole edge tensor (dst None: its two rows) gives the same graph
-    whole = torch.ops.pyg_multihead_agg._graph_of_edges(
-        edge_index, None, 6, 6, -1 if loops is None else loops, need_csc)
-    for got, ref in zip(whole, expected, strict=True):
-        assert torch.equal(got, ref)
+    whole = torch.ops.pyg_multihead_agg._graph_of_edges(edge_index, None, 6, 6, loops_arg,
+                                                        need_csc)
+    assert torch.equal(whole[0], want.rowptr) and torch.equal(whole[1], torch.cat(expected))
     torch.library.opcheck(torch.ops.pyg_multihead_agg._graph_of_edges.default,
-                          (edge_index, None, 6, 6, -1 if loops is None else loops, need_csc))
+                          (edge_index, None, 6, 6, loops_arg, need_csc))
 
 
 def test_graph_of_edges_converts_each_edge_tensor_once(monkeypatch):
@@ -470,9 +480,9 @@ def test_inference_mode_graphs_are_converted_not_cached(device):
                           atol=1e-6)
     graphs._EDGES.clear()
     with torch.inference_mode():
-        parts = torch.ops.pyg_multihead_agg._graph_of_edges(frozen[0], frozen[1], 10, 10, 10,
-                                                            False)
-    assert not graphs._EDGES and parts[1].numel() == 40
+        rowptr, rest = torch.ops.pyg_multihead_agg._graph_of_edges(frozen[0], frozen[1], 10, 10,
+                                                                   10, False)
+    assert not graphs._EDGES and rowptr.numel() == 12 and rest.numel() == 2 * 40
 
 
 @pytest.mark.parametrize("device", DEVICES)
