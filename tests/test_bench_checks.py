@@ -293,3 +293,32 @@ def test_cora_bench_checks_its_compiled_rows(data_root, tmp_path, monkeypatch):
         assert rows[name]["status"] == "ok" and len(rows[name]["times_ms"]) == 2
     md = (tmp_path / "cora_epoch_cpu.md").read_text()
     assert "Rows that did not run" in md and "compiled loss" in md
+
+
+def test_profile_step_times_host_against_wall(monkeypatch):
+    """tools/profile_step.py --steps compile: a training step computes the
+    parameters' gradients from the given output gradient, and the timing
+    runs the warm-up and steps x repeats calls, host time at most wall."""
+    import profile_step
+
+    torch.manual_seed(0)
+    layer = pma.nn.GATConv(8, 4, heads=2)
+    params = list(layer.parameters())
+    x = torch.randn(10, 8)
+    edge_index = torch.randint(0, 10, (2, 30))
+    grad_out = torch.randn(10, 8)
+    want = torch.autograd.grad(layer(x, edge_index), params, grad_out)
+    grads = []
+    real_grad = torch.autograd.grad
+
+    def counted(out, inputs, grad):
+        grads.append(real_grad(out, inputs, grad))
+        return grads[-1]
+    monkeypatch.setattr(torch.autograd, "grad", counted)
+    step = profile_step.training_step(layer, x, edge_index, grad_out)
+    host, wall = profile_step.host_and_wall(step, torch.device("cpu"), steps=4, repeats=3,
+                                            warmup=2)
+    assert len(grads) == 2 + 4 * 3
+    for got, ref in zip(grads[-1], want, strict=True):
+        assert torch.allclose(got, ref)
+    assert 0 < host <= wall

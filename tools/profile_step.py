@@ -16,6 +16,15 @@ time goes.
 (each family, PyG's against ours), the everyday-regime target:
 
     python tools/profile_step.py --device cpu --steps host
+
+``--steps compile`` times one layer's training step (bench_layer.py's:
+forward, then backward from a fixed output gradient) on ``--shape``,
+eager and compiled (default mode, ``dynamic=True``) on a plain
+``edge_index``, an ``EdgeIndex`` and ``prepare_adjacency``'s alias: the
+host time (issuing the steps) against the wall time (until the GPU has
+run them), which says whether a compiled step is bound by the host:
+
+    python tools/profile_step.py --steps compile --shape arxiv-like --conv gat
 """
 import argparse
 import cProfile
@@ -25,7 +34,7 @@ import pstats
 import statistics
 import sys
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -121,6 +130,87 @@ def host_times(device: torch.device, repeats: int = 5, calls: int = 1000) -> Non
         for train in (False, True):
             print(f"| {name} | {'forward + backward' if train else 'forward'} | "
                   f"{per_call_us(pyg, train):.1f} | {per_call_us(ours, train):.1f} |", flush=True)
+
+
+CONVS = {"gat": "GATConv", "gatv2": "GATv2Conv", "transformer": "TransformerConv"}
+
+
+def training_step(model: Callable, x: torch.Tensor, adj, grad_out: torch.Tensor
+                  ) -> Callable[[], None]:
+    """bench_layer.py's training pass: forward, then the parameters'
+    gradients from a fixed output gradient."""
+    params = [p for p in getattr(model, "_orig_mod", model).parameters()]
+
+    def step():
+        torch.autograd.grad(model(x, adj), params, grad_out)
+    return step
+
+
+def host_and_wall(step: Callable[[], None], device: torch.device, steps: int,
+                  repeats: int, warmup: int = 10) -> Tuple[float, float]:
+    """ms per step: ``steps`` steps issued back to back, host time until the
+    loop returns and wall time until the device has run them; the best of
+    ``repeats`` each."""
+    for _ in range(warmup):
+        step()
+    host = wall = float("inf")
+    for _ in range(repeats):
+        sync(device)
+        t = time.perf_counter()
+        for _ in range(steps):
+            step()
+        issued = time.perf_counter()
+        sync(device)
+        done = time.perf_counter()
+        host = min(host, (issued - t) / steps * 1e3)
+        wall = min(wall, (done - t) / steps * 1e3)
+    return host, wall
+
+
+def compile_times(device: torch.device, shape: str, conv: str, steps: int = 60,
+                  repeats: int = 3) -> List[Dict[str, object]]:
+    """Host and wall ms per training step of one layer (F_in 128, the
+    shape's heads and channels; bench_layer.py's step: forward, backward
+    from a fixed output gradient), eager and compiled on each adjacency: per
+    repeat, ``steps`` steps issued back to back (host: until the loop
+    returns; wall: until the device has finished them), the best of
+    ``repeats``. Prints a table; returns its rows."""
+    from graphs import make_graph
+    from torch_geometric import EdgeIndex
+
+    import pyg_multihead_agg as pma
+
+    g = make_graph(shape, device=device)
+    n = g.num_nodes
+    edge_index = g.edge_index()
+    layer = getattr(pyg_multihead_agg.nn, CONVS[conv])
+    torch.manual_seed(0)
+    x = torch.randn(n, 128, device=device)
+
+    def adjacency(kind: str):
+        if kind == "EdgeIndex":
+            return EdgeIndex(edge_index, sparse_size=(n, n), sort_order="col").fill_cache_()
+        if kind == "prepare_adjacency":
+            return pma.prepare_adjacency(edge_index, num_nodes=n)
+        return edge_index
+
+    rows = []
+    for mode, kind in (("eager", "edge_index"), ("compiled", "edge_index"),
+                       ("compiled", "EdgeIndex"), ("compiled", "prepare_adjacency")):
+        torch.manual_seed(0)
+        model = layer(128, g.channels, heads=g.heads).to(device)
+        run = torch.compile(model, dynamic=True) if mode == "compiled" else model
+        grad_out = torch.randn(n, g.heads * g.channels, device=device)
+        host, wall = host_and_wall(training_step(run, x, adjacency(kind), grad_out), device,
+                                   steps, repeats)
+        rows.append({"mode": mode, "adjacency": kind, "host_ms": host, "wall_ms": wall})
+        torch._dynamo.reset()
+    print(f"\n### {CONVS[conv]} training step, {shape}, {device}: {steps} steps, best of "
+          f"{repeats}\n")
+    print("| step | adjacency | host (ms) | wall (ms) |\n|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['mode']} | `{r['adjacency']}` | {r['host_ms']:.3f} | {r['wall_ms']:.3f} |")
+    return rows
 
 
 def sync(device: torch.device) -> None:
@@ -230,7 +320,10 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--steps", default="minibatch,cora",
                         help="comma list of minibatch, cora, firstcall, host (one layer "
-                        "call's host time on a tiny graph)")
+                        "call's host time on a tiny graph), compile (a layer's step on --shape, "
+                        "eager and compiled: host against wall time)")
+    parser.add_argument("--conv", default="gat", choices=tuple(CONVS))
+    parser.add_argument("--compile-steps", type=int, default=60)
     parser.add_argument("--layers", default="pyg,ours",
                         help="comma list of pyg, ours, none (see LAYERS)")
     parser.add_argument("--batches", type=int, default=15)
@@ -259,6 +352,8 @@ def main() -> None:
                args.warmup, args.top, args.cprofile)
     if "host" in kinds:
         host_times(device)
+    if "compile" in kinds:
+        compile_times(device, args.shape, args.conv, args.compile_steps)
     if "cora" in kinds:
         from train_cora import load_dataset
         data = load_dataset(args.root, "Cora")[0].to(device)
