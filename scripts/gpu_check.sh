@@ -15,7 +15,9 @@
 # (with kernels: also time the tree in .device/baseline, see below), ncu
 # (Nsight Compute over tools/bench_kernels.py --ncu), ops, cora, layer,
 # minibatch (if benchmarks/bench_minibatch.py exists), profile
-# (tools/profile_layer.py), sanitize, or "bench" (= ops,cora,layer,minibatch:
+# (tools/profile_layer.py), compile (tools/profile_step.py --steps compile:
+# each family's step on COMPILE_SHAPES, default arxiv-like, eager and
+# compiled, host against wall time), sanitize, or "bench" (= ops,cora,layer,minibatch:
 # regenerates benchmarks/reference/) or "all" (= tests and bench).
 #   (env: STEP_LIMIT_* seconds per step, OPS_ARGS / LAYER_ARGS / MINIBATCH_ARGS,
 #    BENCH_OUT (default benchmarks/reference), CORA_RUNS, SANITIZE_TOOLS)
@@ -157,6 +159,17 @@ if has profile; then
   step profile_layer
   timeout "${STEP_LIMIT_PROFILE:-120}" python3 tools/profile_layer.py --device cuda \
     > "$RES/profile_layer.md" 2>&1 || rc=$?
+  pack
+fi
+if has compile; then
+  step profile_step compile
+  for shape in ${COMPILE_SHAPES:-arxiv-like}; do
+    for conv in gat gatv2 transformer; do
+      timeout "${STEP_LIMIT_COMPILE:-200}" python3 tools/profile_step.py --steps compile \
+        --shape "$shape" --conv "$conv" >> "$RES/compile_steps.md" 2>&1 || rc=$?
+    done
+  done
+  cp "$RES/compile_steps.md" "$OUT/" 2>/dev/null || true
   pack
 fi
 if has sanitize; then
