@@ -804,14 +804,20 @@ class GatConv : public torch::autograd::Function<GatConv> {
     return result;
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+  // grads by reference: the autograd node's own list (CppNode passes it as
+  // an lvalue and holds no other reference to the gradients), so that the
+  // result's gradient [N, H * C] is freed once the attention's backward has
+  // read it, before the scores' backward allocates its [N, H, C] gradient:
+  // one such tensor less at the step's peak where the gradient is the
+  // node's alone (a layer followed by an activation, as in any model).
+  static variable_list backward(AutogradContext* ctx, variable_list& grads) {
     const auto saved = ctx->get_saved_variables();
     const Tensor &x = saved[0], &weight = saved[1], &att_src = saved[2], &att_dst = saved[3],
                  &h = saved[4], &s_src = saved[5], &s_dst = saved[6], &lse = saved[8],
                  &bias_hc = saved[9], &rowptr = saved[10], &col = saved[11], &philox = saved[16];
     Tensor colptr = saved[12], row = saved[13], perm = saved[14], perm_inv = saved[15];
     variable_list result(15);  // one per argument
-    const Tensor& grad = grads[0];
+    Tensor grad = std::move(grads[0]);
     if (!grad.defined()) return result;
     const bool concat = ctx->saved_data["concat"].toBool();
     // needs_input_grad counts the tensors given: x, weight, att_src, att_dst,
@@ -845,6 +851,8 @@ class GatConv : public torch::autograd::Function<GatConv> {
                            ctx->saved_data["dropout_p"].toDouble(), as_optional(philox),
                            as_optional(bias_hc), as_optional(perm_inv));
     });
+    grad_out = Tensor();  // (the last references to the result's gradient: see above)
+    grad = Tensor();
     const bool need_h = need_x || need_w;
     auto [grad_h_scores, grad_att_src, grad_att_dst] = call_below_autograd([&] {
       return call_gat_scores_backward(grad_src, grad_dst.narrow(0, 0, N), h, att_src, att_dst,

@@ -546,6 +546,44 @@ def test_layer_op_gradcheck(concat, with_csc, spare_row, device):
     assert torch.autograd.gradcheck(fn, (x, weight, att_src, att_dst, bias))
 
 
+@pytest.mark.parametrize("concat", [True, False])
+def test_layer_op_frees_the_result_gradient_before_the_scores_backward(concat):
+    """_gat_conv's backward drops the result's gradient (the node's alone, as
+    after an activation) once the attention's backward has read it, before
+    the scores' backward allocates its [N, H, C] gradient: one such tensor
+    less at a step's peak. Watched by weak reference from the dispatcher."""
+    import weakref
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Watch(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.grad, self.alive, self.ops = None, [], []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            self.ops.append(func)
+            if func is torch.ops.aten.mul.Tensor and self.grad is None:
+                self.grad = weakref.ref(out)  # MulBackward0: the layer's gradient
+            if func is torch.ops.pyg_multihead_agg._gat_scores_backward.default:
+                self.alive.append(self.grad() is not None)
+            return out
+
+    case = CASES[0]
+    edge_index, x, _, _ = make_graph(case, 4)
+    torch.manual_seed(4)
+    layer = GATConv(7, 6, heads=3, concat=concat)
+    events = op_events(lambda: layer(x.float(), edge_index))
+    assert LAYER_OP in events
+    out = layer(x.float(), edge_index) * 2.0
+    with Watch() as watch:
+        out.backward(torch.ones_like(out))
+    assert watch.grad is not None and watch.alive == [False]
+    assert torch.ops.pyg_multihead_agg.gat_attention_backward.default in watch.ops
+    assert layer.lin.weight.grad is not None
+
+
 def test_layer_op_names_a_graph_of_other_rows():
     x, weight = torch.randn(4, 3), torch.randn(6, 3)
     att = torch.randn(1, 2, 3)
