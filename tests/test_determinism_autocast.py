@@ -156,6 +156,85 @@ def test_layer_under_autocast(kind, bias, device, dtype):
     assert FUSED_OP in events
 
 
+# Layers whose projections all take x: name -> (constructor, the uses of x
+# that autocast casts it for: projections, and GATConv's score fold).
+CAST_ONCE_LAYERS = {
+    "gat-fold": (lambda: _with(GATConv(12, 5, heads=2), fold_scores=True), 2),
+    "gat-products": (lambda: _with(GATConv(12, 5, heads=2), fold_scores=False), 1),
+    "gat-residual": (lambda: _with(GATConv(12, 5, heads=2, residual=True),
+                                   fold_scores=True), 3),
+    "gatv2": (lambda: pma.nn.GATv2Conv(12, 5, heads=2), 2),
+    "gatv2-residual": (lambda: pma.nn.GATv2Conv(12, 5, heads=2, residual=True), 3),
+    "transformer": (lambda: pma.nn.TransformerConv(12, 5, heads=2), 4),
+    "transformer-beta": (lambda: pma.nn.TransformerConv(12, 5, heads=2, beta=True), 4),
+}
+
+
+def _with(module, **attrs):
+    for name, value in attrs.items():
+        setattr(module, name, value)
+    return module
+
+
+class _CastsOf(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the casts of one tensor's values (float32 [N, F] to another
+    dtype), by shape: the features x, which nothing else in the layer has."""
+
+    def __init__(self, like):
+        super().__init__()
+        self.shape, self.count = like.shape, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        src = args[0] if args else None
+        if (func is torch.ops.aten._to_copy.default and isinstance(src, torch.Tensor)
+                and src.dtype == torch.float32 and src.shape == self.shape):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("device,dtype", AUTOCAST)
+@pytest.mark.parametrize("layer", list(CAST_ONCE_LAYERS))
+def test_layer_casts_its_features_once_under_autocast(layer, device, dtype, monkeypatch):
+    """Under autocast, a layer casts x (a model's input, no gradient) to the
+    autocast dtype once for all its projections (and GATConv's score fold,
+    whose backward reads the float32 x), where autocast alone casts it in
+    each projection: the same values, so the output and every gradient are
+    bitwise those of the casts per projection. x with a gradient (a hidden
+    layer's) keeps the casts per projection (their gradients add in
+    float32)."""
+    make, uses = CAST_ONCE_LAYERS[layer]
+    torch.manual_seed(0)
+    model = make().to(device)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(50, 12, generator=gen).to(device)
+    edge_index = torch.randint(0, 50, (2, 300), generator=gen).to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def run(x):
+        counter = _CastsOf(x)
+        with counter:
+            with torch.autocast(device, dtype=dtype):
+                out = model(x, edge_index)
+            grads = torch.autograd.grad(out.float().square().sum(), params)
+        return out, grads, counter.count
+
+    out, grads, casts = run(x)
+    assert casts == 1
+    # Each projection casting x itself, as autocast does: the same values.
+    for module in ("gat_conv", "gatv2_conv", "transformer_conv"):
+        monkeypatch.setattr(f"pyg_multihead_agg.nn.{module}.autocast_features",
+                            lambda x, *projections: x)
+    want_out, want_grads, want_casts = run(x)
+    assert want_casts == uses
+    assert torch.equal(out, want_out)
+    for grad, want in zip(grads, want_grads, strict=True):
+        assert torch.equal(grad, want)
+    monkeypatch.undo()
+    # (Not a leaf: autocast caches the cast of a leaf that needs a gradient.)
+    _, _, casts = run(x.clone().requires_grad_() * 1)
+    assert casts == uses
+
+
 # ---------------------------------------------------------------------------
 # Determinism
 # ---------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
+from torch.nn.modules import module as torch_module
 from torch_geometric import is_compiling
 from torch_geometric.nn import MessagePassing
 from torch_geometric.typing import Adj, OptPairTensor, OptTensor, Size, SparseTensor, torch_sparse
@@ -33,6 +34,37 @@ MESSAGE_HOOKS = tuple(f"_{name}_hooks" for name in (
 # logits(src, dst, edge_values) -> [E, H]: a layer's attention logits of the
 # edges (src[e] -> dst[e]), edge_values per edge or None.
 Logits = Callable[[Tensor, Tensor, OptTensor], Tensor]
+
+
+# Module hooks that would see a projection's call (torch.nn's global ones).
+_GLOBAL_MODULE_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks",
+                        "_global_backward_hooks", "_global_backward_pre_hooks")
+
+
+def _observed(module: torch.nn.Module) -> bool:
+    # Whether calling the module runs a hook: its own or a global one.
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks
+                or any(getattr(torch_module, name, None) for name in _GLOBAL_MODULE_HOOKS))
+
+
+def autocast_features(x: OptTensor, *projections: Optional[torch.nn.Module]) -> OptTensor:
+    """Node features ``x`` in the autocast dtype, cast once for all the
+    layer's ``projections`` of it (and the fold of GATConv's scores), where
+    autocast would cast them again in each: a [N, F] pass per projection
+    (TransformerConv projects x four times, GATv2Conv twice). The same values
+    as autocast's casts. Only for features that need no gradient (a model's
+    input): with one, each projection keeps autocast's own cast, so that the
+    projections' gradients add up in float32 as in PyG's layer. Unchanged
+    where no autocast is on, for float64 (autocast leaves it) and where a
+    hook would see a projection's input."""
+    if (x is None or x.requires_grad or not torch.is_autocast_enabled(x.device.type)
+            or not x.is_floating_point() or x.dtype == torch.float64):
+        return x
+    dtype = torch.get_autocast_dtype(x.device.type)
+    if x.dtype == dtype or any(p is not None and _observed(p) for p in projections):
+        return x
+    return x.to(dtype)
 
 
 class FusedInputs(NamedTuple):

@@ -4,7 +4,6 @@ from typing import Optional, Tuple, Union
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.modules import module as torch_module
 from torch_geometric import is_compiling
 from torch_geometric.nn import GATConv as PyGGATConv
 from torch_geometric.nn.dense.linear import Linear as PyGLinear
@@ -12,7 +11,7 @@ from torch_geometric.typing import Adj, OptPairTensor, OptTensor, Size, SparseTe
 
 from .. import graph as graphs
 from .. import ops
-from ._attention import FusedAttention, FusedInputs
+from ._attention import FusedAttention, FusedInputs, _observed, autocast_features
 from ._compat import fake_safe_edge_index_repr
 
 fake_safe_edge_index_repr()  # for torch.compile with EdgeIndex inputs on torch 2.11
@@ -37,22 +36,24 @@ class _FoldedScores(torch.autograd.Function):
     the GEMM and their backward (the same arithmetic as autograd's, in at
     least float32 for the sums over nodes), not one per view, einsum and
     stack: each node costs host time in every step of a small graph. One or
-    two atts (a fixed signature, which torch.compile traces)."""
+    two atts (a fixed signature, which torch.compile traces). ``x_cast``:
+    ``x_in`` already cast to the autocast dtype (``autocast_features``) for
+    the forward GEMM, which then casts nothing; the backward reads ``x_in``."""
 
     @staticmethod
-    def forward(x_in: Tensor, weight: Tensor, att: Tensor,
-                att_2: Optional[Tensor] = None) -> Tensor:
+    def forward(x_in: Tensor, weight: Tensor, att: Tensor, att_2: Optional[Tensor] = None,
+                x_cast: Optional[Tensor] = None) -> Tensor:
         atts = (att,) if att_2 is None else (att, att_2)
         H, C = att.size(-2), att.size(-1)
         with torch.autocast(x_in.device.type, enabled=False):  # fold in the weights' dtype
             fold = _fold(weight.view(H, C, -1), atts)
         if not torch.is_autocast_enabled(x_in.device.type):
             fold = fold.to(x_in.dtype)
-        return x_in @ fold
+        return (x_in if x_cast is None else x_cast) @ fold
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
-        ctx.save_for_backward(*(t for t in inputs if t is not None))
+        ctx.save_for_backward(*(t for t in inputs[:4] if t is not None))
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -63,7 +64,7 @@ class _FoldedScores(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = (grad @ _fold(w, atts).t().to(grad.dtype)).to(x_in.dtype)
         if not any(ctx.needs_input_grad[1:]):
-            return grad_x, None, None, None
+            return grad_x, None, None, None, None
         acc = torch.promote_types(torch.promote_types(x_in.dtype, grad.dtype), torch.float32)
         # [H, k, F]: the gradient of fold, head-major.
         grad_fold = (x_in.t().to(acc) @ grad.to(acc)).view(-1, len(atts), H).permute(2, 1, 0)
@@ -77,7 +78,7 @@ class _FoldedScores(torch.autograd.Function):
                               if ctx.needs_input_grad[2 + i] else None
                               for i, att in enumerate(atts))
         grad_atts = grad_atts or (None,) * len(atts)
-        return (grad_x, grad_w) + grad_atts + (None,) * (2 - len(atts))
+        return (grad_x, grad_w) + grad_atts + (None,) * (3 - len(atts))
 
 
 # The fold's heuristic: the node count times heads times channels from which
@@ -117,18 +118,6 @@ def _plain_weight(lin) -> Optional[Tensor]:
             or isinstance(w, torch.nn.parameter.UninitializedParameter) or w.dim() != 2):
         return None
     return w
-
-
-# Module hooks that would see the projection's call (torch.nn's global ones).
-_GLOBAL_MODULE_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks",
-                        "_global_backward_hooks", "_global_backward_pre_hooks")
-
-
-def _observed(module: torch.nn.Module) -> bool:
-    # Whether calling the module runs a hook: its own or a global one.
-    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-                or module._backward_pre_hooks
-                or any(getattr(torch_module, name, None) for name in _GLOBAL_MODULE_HOOKS))
 
 
 def _gat_scores(x_proj: Tensor, att: Tensor, att_2: Optional[Tensor] = None
@@ -311,7 +300,7 @@ class GATConv(FusedAttention, PyGGATConv):
         return self._pyg_forward(x, edge_index, given_edge_attr, size, return_attention_weights)
 
     def _scores(self, lin: torch.nn.Module, x_in: Tensor, x_proj: Tensor,
-                *atts: Tensor) -> Tuple[Tensor, ...]:
+                *atts: Tensor, x_cast: OptTensor = None) -> Tuple[Tensor, ...]:
         # The attention scores (x_proj * att).sum(-1) of PyG, [N, H] each. With
         # x_proj = lin(x_in) and no bias, they equal x_in @ fold, where fold
         # [F_in, H] is lin's weight summed against att per head: one thin GEMM
@@ -327,6 +316,7 @@ class GATConv(FusedAttention, PyGGATConv):
         # it by a whole term. Which edges flip depends on the order of the
         # arithmetic, not its precision. fold_scores = False restores PyG's
         # products, True forces the fold, None (the default) asks _fold_pays.
+        # x_cast: x_in as the projection took it (autocast_features).
         fold = getattr(self, "fold_scores", None)
         if fold is False or (fold is None and not _fold_pays(x_in, x_proj)):
             # PyG's products and sums, of every att in one kernel and autograd node
@@ -334,7 +324,8 @@ class GATConv(FusedAttention, PyGGATConv):
         w = _plain_weight(lin)
         if w is None or x_in.dim() != 2 or not x_in.is_floating_point():
             return _gat_scores(x_proj, *atts)  # (no weight to fold)
-        scores = _FoldedScores.apply(x_in, w, *atts).view(-1, len(atts), x_proj.size(1))
+        scores = _FoldedScores.apply(x_in, w, atts[0], atts[1] if len(atts) > 1 else None,
+                                     x_cast).view(-1, len(atts), x_proj.size(1))
         return scores.unbind(dim=1)
 
     def _fused_layer(self, x: Union[Tensor, OptPairTensor], edge_index: Adj,
@@ -387,32 +378,38 @@ class GATConv(FusedAttention, PyGGATConv):
         # PyG's projections and per-node scores (and its residual).
         H, C = self.heads, self.out_channels
         res: Optional[Tensor] = None
+        # The features as the projections take them: cast once under
+        # autocast (autocast_features); the fold's backward reads x itself.
         if isinstance(x, Tensor):
             assert x.dim() == 2, "Static graphs not supported in 'GATConv'"
+            x_lin = autocast_features(x, self.res, self.lin, self.lin_src, self.lin_dst)
             if self.res is not None:
-                res = self.res(x)
+                res = self.res(x_lin)
             if self.lin is not None:
-                x_src = x_dst = self.lin(x).view(-1, H, C)
+                x_src = x_dst = self.lin(x_lin).view(-1, H, C)
                 alpha_src, alpha_dst = self._scores(self.lin, x, x_src, self.att_src,
-                                                    self.att_dst)
+                                                    self.att_dst, x_cast=x_lin)
             else:
-                x_src = self.lin_src(x).view(-1, H, C)
-                x_dst = self.lin_dst(x).view(-1, H, C)
-                alpha_src, = self._scores(self.lin_src, x, x_src, self.att_src)
-                alpha_dst, = self._scores(self.lin_dst, x, x_dst, self.att_dst)
+                x_src = self.lin_src(x_lin).view(-1, H, C)
+                x_dst = self.lin_dst(x_lin).view(-1, H, C)
+                alpha_src, = self._scores(self.lin_src, x, x_src, self.att_src, x_cast=x_lin)
+                alpha_dst, = self._scores(self.lin_dst, x, x_dst, self.att_dst, x_cast=x_lin)
         else:
             x_src_in, x_dst_in = x
             assert x_src_in.dim() == 2, "Static graphs not supported in 'GATConv'"
-            if x_dst_in is not None and self.res is not None:
-                res = self.res(x_dst_in)
             lin_src = self.lin if self.lin is not None else self.lin_src
             lin_dst = self.lin if self.lin is not None else self.lin_dst
-            x_src = lin_src(x_src_in).view(-1, H, C)
-            alpha_src, = self._scores(lin_src, x_src_in, x_src, self.att_src)
+            src_lin = autocast_features(x_src_in, lin_src)
+            dst_lin = autocast_features(x_dst_in, self.res, lin_dst)
+            if x_dst_in is not None and self.res is not None:
+                res = self.res(dst_lin)
+            x_src = lin_src(src_lin).view(-1, H, C)
+            alpha_src, = self._scores(lin_src, x_src_in, x_src, self.att_src, x_cast=src_lin)
             x_dst = alpha_dst = None
             if x_dst_in is not None:
-                x_dst = lin_dst(x_dst_in).view(-1, H, C)
-                alpha_dst, = self._scores(lin_dst, x_dst_in, x_dst, self.att_dst)
+                x_dst = lin_dst(dst_lin).view(-1, H, C)
+                alpha_dst, = self._scores(lin_dst, x_dst_in, x_dst, self.att_dst,
+                                          x_cast=dst_lin)
         # propagate's arguments as PyG names them; alpha holds the per-node
         # scores (PyG's own alpha before edge_updater).
         return FusedInputs(x_src, x_dst, dict(x=(x_src, x_dst), alpha=(alpha_src, alpha_dst)),

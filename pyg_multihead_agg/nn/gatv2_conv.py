@@ -9,7 +9,7 @@ from torch_geometric.typing import Adj, OptTensor, PairTensor, SparseTensor
 
 from .. import graph as graphs
 from .. import ops
-from ._attention import FusedAttention, FusedInputs
+from ._attention import FusedAttention, FusedInputs, autocast_features
 from ._compat import fake_safe_edge_index_repr
 
 fake_safe_edge_index_repr()  # for torch.compile with EdgeIndex inputs on torch 2.11
@@ -197,8 +197,10 @@ class GATv2Conv(FusedAttention, PyGGATv2Conv):
         # PyG's projections (and its residual).
         H, C = self.heads, self.out_channels
         res: Optional[Tensor] = None
+        # The features cast once under autocast (autocast_features).
         if isinstance(x, Tensor):
             assert x.dim() == 2
+            x = autocast_features(x, self.res, self.lin_l, self.lin_r)
             if self.res is not None:
                 res = self.res(x)
             x_l = self.lin_l(x).view(-1, H, C)
@@ -206,6 +208,8 @@ class GATv2Conv(FusedAttention, PyGGATv2Conv):
         else:
             x_l_in, x_r_in = x
             assert x_l_in.dim() == 2
+            x_l_in = autocast_features(x_l_in, self.lin_l)
+            x_r_in = autocast_features(x_r_in, self.res, self.lin_r)
             if self.res is not None:
                 res = self.res(x_r_in)
             x_l = self.lin_l(x_l_in).view(-1, H, C)

@@ -9,7 +9,7 @@ from torch_geometric.typing import Adj, OptTensor, PairTensor, SparseTensor
 
 from .. import graph as graphs
 from .. import ops
-from ._attention import FusedAttention, FusedInputs
+from ._attention import FusedAttention, FusedInputs, autocast_features
 from ._compat import fake_safe_edge_index_repr
 from .gatv2_conv import fused_head_supported as _padded_heads_supported
 
@@ -212,8 +212,15 @@ class TransformerConv(FusedAttention, PyGTransformerConv):
     def _fused_inputs(self, x: Union[Tensor, PairTensor]) -> FusedInputs:
         # PyG's projections; the root features for the output step.
         H, C = self.heads, self.out_channels
+        # The features cast once under autocast (autocast_features): one
+        # pass where the four projections of x would take four.
         if isinstance(x, Tensor):
+            x = autocast_features(x, self.lin_query, self.lin_key, self.lin_value,
+                                  self.lin_skip)
             x = (x, x)
+        else:
+            x = (autocast_features(x[0], self.lin_key, self.lin_value),
+                 autocast_features(x[1], self.lin_query, self.lin_skip))
         query = self.lin_query(x[1]).view(-1, H, C)
         key = self.lin_key(x[0]).view(-1, H, C)
         value = self.lin_value(x[0]).view(-1, H, C)
