@@ -166,7 +166,8 @@ if has compile; then
   for shape in ${COMPILE_SHAPES:-arxiv-like}; do
     for conv in gat gatv2 transformer; do
       timeout "${STEP_LIMIT_COMPILE:-200}" python3 tools/profile_step.py --steps compile \
-        --shape "$shape" --conv "$conv" >> "$RES/compile_steps.md" 2>&1 || rc=$?
+        --shape "$shape" --conv "$conv" --compile-profile --cprofile --top 15 \
+        >> "$RES/compile_steps.md" 2>&1 || rc=$?
     done
   done
   cp "$RES/compile_steps.md" "$OUT/" 2>/dev/null || true

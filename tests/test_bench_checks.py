@@ -322,3 +322,19 @@ def test_profile_step_times_host_against_wall(monkeypatch):
     for got, ref in zip(grads[-1], want, strict=True):
         assert torch.allclose(got, ref)
     assert 0 < host <= wall
+
+
+def test_profile_step_difference_orders_by_extra_time(capsys):
+    """tools/profile_step.py's difference table (the compiled steps' extra
+    host time, --compile-profile): keys by a minus b, largest first, the
+    two columns named as given, and the total of a minus the total of b."""
+    import profile_step
+
+    a = {"_graph_of_edges": 0.05, "gat_attention": 0.20, "CompiledFunction": 0.30}
+    b = {"gat_attention": 0.21, "CompiledFunction": 0.10, "mm": 0.02}
+    profile_step.print_difference("t", a, b, top=3, names=("compiled", "eager"))
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "t: 0.220 ms per step in all"
+    assert lines[2] == "| | compiled (ms per step) | eager | difference |"
+    rows = [line.split("|")[1].strip(" `") for line in lines[4:]]
+    assert rows == ["CompiledFunction", "_graph_of_edges", "gat_attention"]

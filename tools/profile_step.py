@@ -25,6 +25,11 @@ host time (issuing the steps) against the wall time (until the GPU has
 run them), which says whether a compiled step is bound by the host:
 
     python tools/profile_step.py --steps compile --shape arxiv-like --conv gat
+
+With ``--compile-profile`` (and ``--cprofile``) each row is profiled too,
+followed by where the compiled steps' extra host time goes, per op and per
+Python function: compiled on the edge list minus compiled on
+``prepare_adjacency``, and that minus eager.
 """
 import argparse
 import cProfile
@@ -168,13 +173,18 @@ def host_and_wall(step: Callable[[], None], device: torch.device, steps: int,
 
 
 def compile_times(device: torch.device, shape: str, conv: str, steps: int = 60,
-                  repeats: int = 3) -> List[Dict[str, object]]:
+                  repeats: int = 3, profile_top: int = 0,
+                  use_cprofile: bool = False) -> List[Dict[str, object]]:
     """Host and wall ms per training step of one layer (F_in 128, the
     shape's heads and channels; bench_layer.py's step: forward, backward
     from a fixed output gradient), eager and compiled on each adjacency: per
     repeat, ``steps`` steps issued back to back (host: until the loop
     returns; wall: until the device has finished them), the best of
-    ``repeats``. Prints a table; returns its rows."""
+    ``repeats``. Prints a table; returns its rows. With ``profile_top``,
+    each row is also profiled (``report``: kernels, host syncs, the ops with
+    the most host time) and the differences are printed that say where a
+    compiled step's extra host time goes: compiled on the edge list minus
+    compiled on ``prepare_adjacency``, and that minus eager."""
     from graphs import make_graph
     from torch_geometric import EdgeIndex
 
@@ -194,7 +204,7 @@ def compile_times(device: torch.device, shape: str, conv: str, steps: int = 60,
             return pma.prepare_adjacency(edge_index, num_nodes=n)
         return edge_index
 
-    rows = []
+    rows, profiles = [], {}
     for mode, kind in (("eager", "edge_index"), ("compiled", "edge_index"),
                        ("compiled", "EdgeIndex"), ("compiled", "prepare_adjacency")):
         torch.manual_seed(0)
@@ -204,12 +214,25 @@ def compile_times(device: torch.device, shape: str, conv: str, steps: int = 60,
         host, wall = host_and_wall(training_step(run, x, adjacency(kind), grad_out), device,
                                    steps, repeats)
         rows.append({"mode": mode, "adjacency": kind, "host_ms": host, "wall_ms": wall})
+        if profile_top:
+            step = training_step(run, x, adjacency(kind), grad_out)
+            profiles[mode, kind] = report(f"{CONVS[conv]} step, {shape}, {mode}, {kind}",
+                                          [step] * 35, device, 5, profile_top, use_cprofile)
         torch._dynamo.reset()
     print(f"\n### {CONVS[conv]} training step, {shape}, {device}: {steps} steps, best of "
           f"{repeats}\n")
     print("| step | adjacency | host (ms) | wall (ms) |\n|---|---|---|---|")
     for r in rows:
         print(f"| {r['mode']} | `{r['adjacency']}` | {r['host_ms']:.3f} | {r['wall_ms']:.3f} |")
+    pairs = ((("compiled", "edge_index"), ("compiled", "prepare_adjacency")),
+             (("compiled", "prepare_adjacency"), ("eager", "edge_index")))
+    for (a, b) in pairs if profiles else ():
+        for part, what in (("ops", "host self time by op"),
+                           ("python", "own time by Python function (cProfile)")):
+            if profiles[a][part]:
+                print_difference(f"{CONVS[conv]} step, {shape}, {' '.join(a)} minus "
+                                 f"{' '.join(b)}, {what}", profiles[a][part], profiles[b][part],
+                                 profile_top, names=(" ".join(a), " ".join(b)))
     return rows
 
 
@@ -302,14 +325,14 @@ def report(title: str, steps: List[Callable[[], None]], device: torch.device, wa
 
 
 def print_difference(title: str, ours: Dict[str, float], floor: Dict[str, float],
-                     top: int) -> None:
+                     top: int, names: Tuple[str, str] = ("ours", "none")) -> None:
     """Where a layer's own time goes: per key, ours minus the floor's, the
     largest differences first (both are ms per step)."""
     keys = sorted(set(ours) | set(floor), key=lambda k: ours.get(k, 0) - floor.get(k, 0),
                   reverse=True)
     total = sum(ours.values()) - sum(floor.values())
     print(f"\n{title}: {total:.3f} ms per step in all\n")
-    print("| | ours (ms per step) | none | difference |\n|---|---|---|---|")
+    print(f"| | {names[0]} (ms per step) | {names[1]} | difference |\n|---|---|---|---|")
     for k in keys[:top]:
         print(f"| `{k[:80]}` | {ours.get(k, 0):.3f} | {floor.get(k, 0):.3f} | "
               f"{ours.get(k, 0) - floor.get(k, 0):+.3f} |")
@@ -324,6 +347,9 @@ def main() -> None:
                         "eager and compiled: host against wall time)")
     parser.add_argument("--conv", default="gat", choices=tuple(CONVS))
     parser.add_argument("--compile-steps", type=int, default=60)
+    parser.add_argument("--compile-profile", action="store_true",
+                        help="--steps compile: profile each row too, and print where the "
+                        "compiled steps' extra host time goes (see compile_times)")
     parser.add_argument("--layers", default="pyg,ours",
                         help="comma list of pyg, ours, none (see LAYERS)")
     parser.add_argument("--batches", type=int, default=15)
@@ -353,7 +379,9 @@ def main() -> None:
     if "host" in kinds:
         host_times(device)
     if "compile" in kinds:
-        compile_times(device, args.shape, args.conv, args.compile_steps)
+        compile_times(device, args.shape, args.conv, args.compile_steps,
+                      profile_top=args.top if args.compile_profile else 0,
+                      use_cprofile=args.cprofile)
     if "cora" in kinds:
         from train_cora import load_dataset
         data = load_dataset(args.root, "Cora")[0].to(device)
