@@ -19,6 +19,8 @@
 # each family's step on COMPILE_SHAPES, default arxiv-like, eager and
 # compiled, host against wall time), sanitize, or "bench" (= ops,cora,layer,minibatch:
 # regenerates benchmarks/reference/) or "all" (= tests and bench).
+# cora and minibatch read what scripts/prepare_device.sh puts in .device/ on
+# the CPU machine (the Cora files, NeighborLoader's sampler): carry it.
 #   (env: STEP_LIMIT_* seconds per step, OPS_ARGS / LAYER_ARGS / MINIBATCH_ARGS,
 #    BENCH_OUT (default benchmarks/reference), CORA_RUNS, SANITIZE_TOOLS)
 set -uo pipefail
@@ -151,6 +153,10 @@ if has layer; then
 fi
 if has minibatch && [ -f benchmarks/bench_minibatch.py ]; then
   step bench_minibatch
+  # NeighborLoader's sampler: torch-sparse's CPU operators built for this
+  # machine beforehand (scripts/prepare_device.sh), where carried.
+  site="${SAMPLER_SITE:-.device/sampler_site}"
+  [ -d "$site/torch_sparse" ] && export PYTHONPATH="$(cd "$site" && pwd)${PYTHONPATH:+:$PYTHONPATH}"
   timeout "${STEP_LIMIT_MINIBATCH:-150}" python3 benchmarks/bench_minibatch.py --device cuda \
     --out "$BENCH_OUT" ${MINIBATCH_ARGS:-} >> "$LOG" 2>&1 || rc=$?
   pack_reference
