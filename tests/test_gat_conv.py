@@ -993,9 +993,10 @@ def test_out_of_range_edge_index_raises_index_error(bad, fused, device):
 # graph, or once outside by prepare_adjacency.
 
 def compile_case(kind, add_self_loops, backend, fullgraph, device="cpu", dynamic=None,
-                 edge_dim=None):
+                 edge_dim=None, fold_scores=None):
     """The compiled layer against eager: a training step, then (with
-    fullgraph) an inference forward under no_grad, its own graph."""
+    fullgraph) an inference forward under no_grad, its own graph.
+    fold_scores: the layer's score choice (None: by the graph's size)."""
     kwargs = dict(heads=3, add_self_loops=add_self_loops)
     if edge_dim is not None:
         kwargs.update(edge_dim=edge_dim)
@@ -1003,6 +1004,7 @@ def compile_case(kind, add_self_loops, backend, fullgraph, device="cpu", dynamic
     edge_index, x_src, x_dst, edge_attr = make_graph(case, 12)
     _, ours = make_layers(case, 12)
     ours = ours.to(device)
+    ours.fold_scores = fold_scores
     adj, perm = make_adj(kind, edge_index.to(device), case.num_src, case.num_dst)
     if edge_attr is not None:
         edge_attr = edge_attr[perm.cpu()].float().to(device)
@@ -1023,6 +1025,14 @@ def compile_case(kind, add_self_loops, backend, fullgraph, device="cpu", dynamic
             out = compiled(features(case, x, x_dst), adj, edge_attr,
                            size=size_arg(case, kind))
         assert rel_error(out, eager_out) <= 1e-5
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compile_fold_fullgraph(backend):
+    """The score fold (_FoldedScores, an autograd.Function; the CPU takes it
+    from N * H * C of 2^17, CUDA from 2^25, so the small graphs of the other
+    compile tests do not) traces in one graph."""
+    compile_case("edge_index", True, backend, fullgraph=True, dynamic=True, fold_scores=True)
 
 
 @pytest.mark.parametrize("add_self_loops", [False, True])

@@ -324,8 +324,11 @@ class GATConv(FusedAttention, PyGGATConv):
         w = _plain_weight(lin)
         if w is None or x_in.dim() != 2 or not x_in.is_floating_point():
             return _gat_scores(x_proj, *atts)  # (no weight to fold)
+        # (x_cast only where it is another tensor: Dynamo cannot trace an
+        # autograd.Function given one tensor twice.)
         scores = _FoldedScores.apply(x_in, w, atts[0], atts[1] if len(atts) > 1 else None,
-                                     x_cast).view(-1, len(atts), x_proj.size(1))
+                                     None if x_cast is x_in else x_cast)
+        scores = scores.view(-1, len(atts), x_proj.size(1))
         return scores.unbind(dim=1)
 
     def _fused_layer(self, x: Union[Tensor, OptPairTensor], edge_index: Adj,
