@@ -13,6 +13,7 @@ from torch import Tensor
 from torch.nn.modules import module as torch_module
 from torch_geometric import is_compiling
 from torch_geometric.nn import MessagePassing
+from torch_geometric.nn.dense.linear import Linear as PyGLinear
 from torch_geometric.typing import Adj, OptPairTensor, OptTensor, Size, SparseTensor, torch_sparse
 from torch_geometric.utils import add_self_loops, is_torch_sparse_tensor, remove_self_loops
 from torch_geometric.utils.sparse import set_sparse_value
@@ -36,6 +37,9 @@ MESSAGE_HOOKS = tuple(f"_{name}_hooks" for name in (
 Logits = Callable[[Tensor, Tensor, OptTensor], Tensor]
 
 
+# The projections whose call autocast casts for (F.linear).
+_LINEAR_MAPS = (PyGLinear, torch.nn.Linear)
+
 # Module hooks that would see a projection's call (torch.nn's global ones).
 _GLOBAL_MODULE_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks",
                         "_global_backward_hooks", "_global_backward_pre_hooks")
@@ -56,13 +60,16 @@ def autocast_features(x: OptTensor, *projections: Optional[torch.nn.Module]) -> 
     as autocast's casts. Only for features that need no gradient (a model's
     input): with one, each projection keeps autocast's own cast, so that the
     projections' gradients add up in float32 as in PyG's layer. Unchanged
-    where no autocast is on, for float64 (autocast leaves it) and where a
-    hook would see a projection's input."""
+    where no autocast is on, for float64 (autocast leaves it), where a
+    projection is not a linear map (a module a user put in its place, which
+    autocast may not cast for) and where a hook would see a projection's
+    input."""
     if (x is None or x.requires_grad or not torch.is_autocast_enabled(x.device.type)
             or not x.is_floating_point() or x.dtype == torch.float64):
         return x
     dtype = torch.get_autocast_dtype(x.device.type)
-    if x.dtype == dtype or any(p is not None and _observed(p) for p in projections):
+    if x.dtype == dtype or any(p is not None and (type(p) not in _LINEAR_MAPS or _observed(p))
+                               for p in projections):
         return x
     return x.to(dtype)
 
