@@ -338,3 +338,19 @@ def test_profile_step_difference_orders_by_extra_time(capsys):
     assert lines[2] == "| | compiled (ms per step) | eager | difference |"
     rows = [line.split("|")[1].strip(" `") for line in lines[4:]]
     assert rows == ["CompiledFunction", "_graph_of_edges", "gat_attention"]
+
+
+def test_profile_step_difference_merges_inductor_hashes(capsys):
+    """Two compilations of one step name their graphs and generated modules
+    by different content hashes: the difference table compares them as one
+    name (summed), not as one row gained and another lost."""
+    import profile_step
+
+    h1, h2, h3 = "f" + "a" * 51, "f" + "b" * 51, "f" + "c" * 51
+    a = {f"## Call CompiledFxGraph {h1} ##": 0.30, f"## Call CompiledFxGraph {h3} ##": 0.10,
+         "_graph_of_edges": 0.05}
+    b = {f"## Call CompiledFxGraph {h2} ##": 0.25}
+    profile_step.print_difference("t", a, b, top=5)
+    rows = {line.split("|")[1].strip(" `"): line.split("|")[4].strip()
+            for line in capsys.readouterr().out.strip().splitlines()[4:]}
+    assert rows == {"## Call CompiledFxGraph # ##": "+0.150", "_graph_of_edges": "+0.050"}
