@@ -22,6 +22,7 @@
 # cora and minibatch read what scripts/prepare_device.sh puts in .device/ on
 # the CPU machine (the Cora files, NeighborLoader's sampler): carry it.
 #   (env: STEP_LIMIT_* seconds per step, OPS_ARGS / LAYER_ARGS / MINIBATCH_ARGS,
+#    COMPILE_SHAPES / COMPILE_CONVS,
 #    BENCH_OUT (default benchmarks/reference), CORA_RUNS, SANITIZE_TOOLS)
 set -uo pipefail
 MODE="${1:-all}"; shift || true
@@ -170,7 +171,7 @@ fi
 if has compile; then
   step profile_step compile
   for shape in ${COMPILE_SHAPES:-arxiv-like}; do
-    for conv in gat gatv2 transformer; do
+    for conv in ${COMPILE_CONVS:-gat gatv2 transformer}; do
       timeout "${STEP_LIMIT_COMPILE:-200}" python3 tools/profile_step.py --steps compile \
         --shape "$shape" --conv "$conv" --compile-profile --cprofile --top 15 \
         >> "$RES/compile_steps.md" 2>&1 || rc=$?
