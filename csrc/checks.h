@@ -155,7 +155,11 @@ struct GatShape {
   int64_t N_dst, N_src, E, H, D;
 };
 
-inline void check_philox(const std::optional<at::Tensor>& philox, double dropout_p) {
+// The dropout key: an int64 [seed, offset] on the CPU (read on the host), or
+// on the GPU of the features x (read by the kernels, contiguous: the form a
+// CUDA graph's replays refill).
+inline void check_philox(const std::optional<at::Tensor>& philox, double dropout_p,
+                         const at::Tensor& x) {
   TORCH_CHECK(dropout_p >= 0.0 && dropout_p <= 1.0,
               "dropout_p must lie in [0, 1], got ", dropout_p);
   if (dropout_p > 0.0) {
@@ -163,9 +167,11 @@ inline void check_philox(const std::optional<at::Tensor>& philox, double dropout
                 "philox (an int64 tensor [seed, offset]) is required when dropout_p > 0");
   }
   if (philox.has_value() && philox->defined()) {
+    const bool on_gpu = x.is_cuda() && philox->device() == x.device();
     TORCH_CHECK(philox->scalar_type() == at::kLong && philox->numel() == 2 &&
-                    philox->device().is_cpu(),
-                "philox must be a CPU int64 tensor of 2 elements [seed, offset], got ",
+                    (philox->device().is_cpu() || (on_gpu && philox->is_contiguous())),
+                "philox must be an int64 tensor of 2 elements [seed, offset] on the CPU",
+                x.is_cuda() ? " or, contiguous, on the features' device" : "", ", got ",
                 philox->scalar_type(), " with shape ", philox->sizes(), " on ",
                 philox->device());
   }
@@ -212,7 +218,7 @@ inline GatShape check_gat_attention(const at::Tensor& rowptr, const at::Tensor& 
     TORCH_CHECK(s_edge->size(0) == s.E && s_edge->size(1) == s.H, "s_edge must have shape [",
                 s.E, ", ", s.H, "] (col.numel(), heads), got ", s_edge->sizes());
   }
-  check_philox(philox, dropout_p);
+  check_philox(philox, dropout_p, x);
   check_gat_bias(bias, x, s.H, s.D);
   return s;
 }
@@ -252,7 +258,7 @@ inline GatShape check_gatv2_attention(const at::Tensor& rowptr, const at::Tensor
                 "e_feat must have shape [", s.E, ", ", s.H, ", ", s.D,
                 "] (col.numel(), heads, channels), got ", e_feat->sizes());
   }
-  check_philox(philox, dropout_p);
+  check_philox(philox, dropout_p, x_l);
   check_gat_bias(bias, x_l, s.H, s.D);
   return s;
 }
@@ -365,7 +371,7 @@ inline GatShape check_transformer_attention(const at::Tensor& rowptr, const at::
                 "e_feat must have shape [", s.E, ", ", s.H, ", ", s.D,
                 "] (col.numel(), heads, channels), got ", e_feat->sizes());
   }
-  check_philox(philox, dropout_p);
+  check_philox(philox, dropout_p, key);
   check_gat_bias(bias, key, s.H, s.D);
   return s;
 }

@@ -59,17 +59,38 @@ PHILOX_HOST_DEVICE Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, 
 //   key     = (lo32(seed), hi32(seed))
 //   r       = philox4x32_10(counter, key)[h % 4]
 //   kept    = r >= threshold,   threshold = floor(p * 2^32) (2^32 when p >= 1)
-// (seed and offset are the two int64 values of the op's `philox` tensor.)
+// (seed and offset are the two int64 values of the op's `philox` tensor:
+// copied into `seed` and `offset` from a CPU tensor, or read by the kernels
+// through `key` from a tensor on the GPU, which a CUDA graph's replays
+// refill; docs/gat_attention.md, "Dropout mask".)
 struct DropoutRng {
   uint64_t seed = 0, offset = 0, threshold = 0;  // threshold 0: keep everything
+  const int64_t* key = nullptr;                  // device [seed, offset], or null
+
+  PHILOX_HOST_DEVICE void load_key(uint64_t& s, uint64_t& o) const {
+    if (key == nullptr) {
+      s = seed;
+      o = offset;
+      return;
+    }
+#if defined(__CUDA_ARCH__)
+    s = static_cast<uint64_t>(__ldg(reinterpret_cast<const long long*>(key)));
+    o = static_cast<uint64_t>(__ldg(reinterpret_cast<const long long*>(key) + 1));
+#else
+    s = static_cast<uint64_t>(key[0]);
+    o = static_cast<uint64_t>(key[1]);
+#endif
+  }
 
   PHILOX_HOST_DEVICE bool keep(int64_t e, int64_t h) const {
     if (threshold == 0) return true;
+    uint64_t s, o;
+    load_key(s, o);
     const uint64_t ue = static_cast<uint64_t>(e);
-    const uint64_t c = offset + static_cast<uint64_t>(h >> 2);
+    const uint64_t c = o + static_cast<uint64_t>(h >> 2);
     const Philox4 r = philox4x32_10(static_cast<uint32_t>(ue), static_cast<uint32_t>(ue >> 32),
                                     static_cast<uint32_t>(c), static_cast<uint32_t>(c >> 32),
-                                    static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+                                    static_cast<uint32_t>(s), static_cast<uint32_t>(s >> 32));
     return static_cast<uint64_t>(r.v[h & 3]) >= threshold;
   }
 
@@ -77,11 +98,13 @@ struct DropoutRng {
   // walks the heads of an edge in order draws once per four heads.
   PHILOX_HOST_DEVICE unsigned keep4(int64_t e, int64_t h4) const {
     if (threshold == 0) return 0xFu;
+    uint64_t s, o;
+    load_key(s, o);
     const uint64_t ue = static_cast<uint64_t>(e);
-    const uint64_t c = offset + static_cast<uint64_t>(h4);
+    const uint64_t c = o + static_cast<uint64_t>(h4);
     const Philox4 r = philox4x32_10(static_cast<uint32_t>(ue), static_cast<uint32_t>(ue >> 32),
                                     static_cast<uint32_t>(c), static_cast<uint32_t>(c >> 32),
-                                    static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+                                    static_cast<uint32_t>(s), static_cast<uint32_t>(s >> 32));
     unsigned bits = 0;
     for (int t = 0; t < 4; ++t)
       bits |= static_cast<unsigned>(static_cast<uint64_t>(r.v[t]) >= threshold) << t;

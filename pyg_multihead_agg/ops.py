@@ -199,13 +199,16 @@ for _name in ("multihead_spmm_backward_csc", "multihead_spmm_backward_x_scatter"
 # Fused GAT attention (docs/gat_attention.md)
 # ---------------------------------------------------------------------------
 
-def _new_philox(generator: Optional[torch.Generator] = None) -> Tensor:
-    r"""A fresh dropout key for :func:`gat_attention`: a CPU int64 tensor
+def _new_philox(generator: Optional[torch.Generator] = None,
+                device: Optional[torch.device] = None) -> Tensor:
+    r"""A fresh dropout key for :func:`gat_attention`: an int64 tensor
     :obj:`[seed, 0]` whose seed is drawn from :obj:`generator` (default:
-    torch's global CPU generator, so :func:`torch.manual_seed` makes the
-    masks reproducible). No device sync; traceable by :func:`torch.compile`.
-    """
-    seed = torch.randint(0, 2**62, (1,), dtype=torch.int64, generator=generator)
+    torch's global generator of :obj:`device`, so :func:`torch.manual_seed`
+    makes the masks reproducible), on the CPU (:obj:`device` None: the
+    kernels take its values, no launch) or on :obj:`device` (the kernels read
+    it there: the key a CUDA graph's replays draw afresh). No device sync;
+    traceable by :func:`torch.compile`."""
+    seed = torch.randint(0, 2**62, (1,), dtype=torch.int64, generator=generator, device=device)
     return torch.cat([seed, seed.new_zeros(1)])
 
 
@@ -224,7 +227,12 @@ def _attention_call_args(rowptr: Tensor, col: Tensor, src: Optional[Tensor], dro
             if perm_inv is not None:
                 check_perm_inv(perm_inv, csc[2])
     if dropout > 0 and philox is None:
-        philox = _new_philox(generator)
+        # Under torch.compile on a GPU the key is drawn there, where a CUDA
+        # graph (mode="reduce-overhead") draws it again at each replay; a
+        # CPU key's values would be captured once. Eager: on the CPU.
+        on_gpu = (generator is None and torch.compiler.is_compiling()
+                  and isinstance(src, Tensor) and src.device.type == "cuda")
+        philox = _new_philox(generator, src.device if on_gpu else None)
     if csc is None:
         return philox, (None, None, None), None
     return philox, csc, perm_inv
@@ -262,9 +270,12 @@ def gat_attention(rowptr: Tensor, col: Tensor, s_src: Tensor, s_dst: Tensor, x: 
             order.
         negative_slope (float): of the LeakyReLU.
         dropout (float): attention dropout probability (pass 0 in eval).
-        philox (torch.Tensor, optional): CPU int64 :obj:`[seed, offset]`;
-            drawn from :obj:`generator` (a fresh seed, offset 0) when
-            :obj:`dropout > 0` and not given.
+        philox (torch.Tensor, optional): int64 :obj:`[seed, offset]` on the
+            CPU, or on :obj:`x`'s GPU (read there by the kernels: the form
+            CUDA graphs need, a CPU key is refused under capture); drawn
+            from :obj:`generator` (a fresh seed, offset 0) when
+            :obj:`dropout > 0` and not given, on the GPU under
+            :func:`torch.compile` without a generator.
         csc ((torch.Tensor, torch.Tensor, torch.Tensor), optional): the CSC
             :obj:`(colptr, row, perm)` of the graph for the backward; built
             by :func:`~pyg_multihead_agg.csr_to_csc` when needed otherwise.

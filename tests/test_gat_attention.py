@@ -1486,11 +1486,92 @@ def test_bad_philox(case, device):
     assert_still_works(device)
 
 
+def _attention_call(op, device, philox, dtype=torch.float32):
+    """One of the three attention operators with dropout 0.5 on a fixed
+    random graph, forward and backward: (out, lse, gradients)."""
+    gen = torch.Generator().manual_seed(3)
+    n, heads, channels = 40, 5, 8  # 5 heads: a partial group of four in keep4
+    rowptr = torch.cat([torch.zeros(1, dtype=torch.int64),
+                        torch.randint(0, 7, (n,), generator=gen).cumsum(0)])
+    col = torch.randint(0, n, (int(rowptr[-1]),), generator=gen)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(device, dtype) \
+            .requires_grad_()
+
+    rowptr, col = rowptr.to(device), col.to(device)
+    if op == "gat":
+        args = [rand(n, heads), rand(n, heads), rand(n, heads, channels)]
+        out, lse = pma.gat_attention(rowptr, col, *args, dropout=0.5, philox=philox)
+    elif op == "gatv2":
+        args = [rand(n, heads, channels), rand(n, heads, channels), rand(heads, channels)]
+        out, lse = pma.gatv2_attention(rowptr, col, *args, dropout=0.5, philox=philox)
+    else:
+        args = [rand(n, heads, channels) for _ in range(3)]
+        out, lse = pma.transformer_attention(rowptr, col, *args, dropout=0.5, philox=philox)
+    grads = torch.autograd.grad(out.square().sum(), args)
+    return out, lse, grads
+
+
 @_NEEDS_CUDA
-def test_philox_on_cuda_is_rejected():
+@pytest.mark.parametrize("op", ["gat", "gatv2", "transformer"])
+def test_philox_on_the_gpu_draws_the_masks_of_its_values(op):
+    """A key on the features' GPU (read by the kernels) and the same values
+    on the CPU (passed as arguments): bitwise the same forward and
+    backward, for each operator, and another key another result."""
+    want = _attention_call(op, "cuda", PHILOX)
+    got = _attention_call(op, "cuda", PHILOX.cuda())
+    for a, b in zip([*want[:2], *want[2]], [*got[:2], *got[2]], strict=True):
+        assert torch.equal(a, b)
+    other = _attention_call(op, "cuda", (PHILOX + 1).cuda())
+    assert not torch.equal(other[0], got[0])
+
+
+@_NEEDS_CUDA
+@pytest.mark.parametrize("seed,offset,heads,p", [(123456789, 0, 7, 0.3),
+                                                 (0x7FFFFFFFFFFFFFFF, -1, 9, 0.9)])
+def test_dropout_mask_with_philox_on_the_gpu(seed, offset, heads, p):
+    mask = kernel_mask("cuda", 3000, heads, p, philox_tensor(seed, offset).cuda())
+    assert torch.equal(mask, dropout_keep(seed, offset, 3000, heads, p))
+
+
+@_NEEDS_CUDA
+def test_philox_on_another_device_is_rejected():
+    """A key must lie on the CPU or, contiguous, on the features' GPU: a
+    CUDA key for CPU features and a strided one on the GPU are refused by
+    name."""
+    with pytest.raises(RuntimeError, match="philox must be an int64 tensor of 2 elements"):
+        run_op(good("cpu"), dropout=0.5, philox=PHILOX.cuda())
+    strided = torch.tensor([int(PHILOX[0]), 0, int(PHILOX[1]), 0], device="cuda")[::2]
+    with pytest.raises(RuntimeError, match="contiguous, on the features' device"):
+        run_op(good("cuda"), dropout=0.5, philox=strided)
+    assert_still_works("cpu")
+    assert_still_works("cuda")
+
+
+@_NEEDS_CUDA
+def test_cpu_philox_is_refused_under_cuda_graph_capture():
+    """Captured, a CPU key's values would be fixed into the graph and every
+    replay would draw the first mask: refused with a message that names the
+    remedy; a key on the GPU is captured by address and each replay reads
+    the values it holds then."""
     inp = good("cuda")
-    with pytest.raises(RuntimeError, match="philox must be a CPU int64 tensor"):
-        run_op(inp, dropout=0.5, philox=PHILOX.cuda())
+    key = PHILOX.cuda()
+    with torch.no_grad():
+        run_op(inp, dropout=0.5, philox=key)  # warm-up outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with pytest.raises(RuntimeError, match="philox on the features' device"):
+            with torch.cuda.graph(graph):
+                run_op(inp, dropout=0.5, philox=PHILOX)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured, _ = run_op(inp, dropout=0.5, philox=key)
+        for values in (PHILOX, PHILOX + 7):
+            key.copy_(values)
+            graph.replay()
+            want, _ = run_op(inp, dropout=0.5, philox=values)
+            assert torch.equal(captured, want)
     assert_still_works("cuda")
 
 

@@ -1226,3 +1226,49 @@ def test_compile_reduce_overhead_cuda(kind, conv):
             scale = max(float(g.norm()) for g in eager_grads)
             for grad, eager in zip(grads, eager_grads, strict=True):
                 assert float((grad - eager).norm()) <= 1e-5 * scale, where
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_compile_reduce_overhead_dropout_cuda():
+    """Attention dropout under CUDA graphs (mode="reduce-overhead"): the
+    operator given a key on the GPU matches eager at every replay as the key
+    changes (the kernels read it there, so a replay draws the mask of the
+    key it holds); a layer in training draws a fresh mask at each replay
+    (compiled, its wrapper draws the key on the GPU), its gradients finite."""
+    import pyg_multihead_agg as pma
+
+    gen = torch.Generator().manual_seed(4)
+    n, heads, channels = 300, 4, 8
+    rowptr = torch.cat([torch.zeros(1, dtype=torch.int64),
+                        torch.randint(0, 9, (n,), generator=gen).cumsum(0)]).cuda()
+    col = torch.randint(0, n, (int(rowptr[-1]),), generator=gen).cuda()
+    s_src, s_dst = (torch.randn(n, heads, generator=gen).cuda() for _ in range(2))
+    x = torch.randn(n, heads, channels, generator=gen).cuda()
+
+    def attend(key):
+        return pma.gat_attention(rowptr, col, s_src, s_dst, x, dropout=0.5, philox=key)[0]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(attend, mode="reduce-overhead")
+    outs = []
+    for step in range(5):  # warm-up, recording, replays
+        key = torch.tensor([1234 + step, 0], dtype=torch.int64, device="cuda")
+        torch.compiler.cudagraph_mark_step_begin()
+        out = compiled(key).clone()
+        assert torch.equal(out, attend(key)), step
+        outs.append(out)
+    assert not torch.equal(outs[-1], outs[-2])
+
+    torch.manual_seed(5)
+    model = pma.nn.GATConv(16, 8, heads=4, dropout=0.5).cuda().train()
+    feats = torch.randn(n, 16, device="cuda")
+    edge_index = torch.randint(0, n, (2, 2000), device="cuda")
+    step_fn = torch.compile(model, mode="reduce-overhead")
+    outs = []
+    for _ in range(5):
+        torch.compiler.cudagraph_mark_step_begin()
+        out = step_fn(feats, edge_index)
+        grads = torch.autograd.grad(out.square().sum(), list(model.parameters()))
+        assert all(bool(torch.isfinite(g).all()) for g in grads)
+        outs.append(out.detach().clone())
+    assert not torch.equal(outs[-1], outs[-2])  # a fresh mask, not the recorded one

@@ -35,8 +35,8 @@ import argparse
 import cProfile
 import io
 import os
-import re
 import pstats
+import re
 import statistics
 import sys
 import time

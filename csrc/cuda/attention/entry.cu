@@ -17,6 +17,7 @@
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
@@ -73,14 +74,25 @@ void launch_gat_backward(const AttentionParams<scalar_t, index_t>& p, const scal
   launch_gat_row_sums(p, grad_dst, rowptr, options);
 }
 
+// The dropout key as the kernels read it: the values of a CPU philox, or the
+// address of one on the GPU (check_philox: contiguous, so the address is the
+// caller's tensor, alive until the kernels have read it). A CPU key's values
+// would be baked into a CUDA graph being captured, every replay drawing the
+// first call's masks: refused there.
 DropoutRng make_rng(double dropout_p, const std::optional<at::Tensor>& philox) {
   DropoutRng rng;
   rng.threshold = dropout_threshold(dropout_p);
-  if (rng.threshold != 0) {
-    const auto key = philox->contiguous();
-    rng.seed = static_cast<uint64_t>(key.data_ptr<int64_t>()[0]);
-    rng.offset = static_cast<uint64_t>(key.data_ptr<int64_t>()[1]);
+  if (rng.threshold == 0) return rng;
+  if (philox->is_cuda()) {
+    rng.key = philox->data_ptr<int64_t>();
+    return rng;
   }
+  TORCH_CHECK(c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None,
+              "dropout under CUDA graph capture needs philox on the features' device (a CPU "
+              "philox's values would be captured, every replay drawing the same mask)");
+  const auto key = philox->contiguous();
+  rng.seed = static_cast<uint64_t>(key.data_ptr<int64_t>()[0]);
+  rng.offset = static_cast<uint64_t>(key.data_ptr<int64_t>()[1]);
   return rng;
 }
 
