@@ -4,7 +4,8 @@
 # straight to $OUT (device tool; ./gpu_out elsewhere) so that a call cut short
 # still returns what finished:
 #   $OUT/tests.log  $OUT/run.log  $OUT/results.tar (probe outputs, logs)
-#   $OUT/reference/ (copies of the benchmarks' files; copy them into
+#   $OUT/reference.tar (the benchmark files this call wrote, as one file:
+#                    the device tool returns at most 8; untar it into
 #                    benchmarks/reference/ when the run was on another machine)
 #   scripts/gpu_check.sh STEPS [pytest args; default: tests -m "cuda and not slow",
 #                               every CUDA kernel path (tests/README.md);
@@ -43,8 +44,11 @@ export PYG_MULTIHEAD_AGG_DATA="${PYG_MULTIHEAD_AGG_DATA:-$PWD/.device/data}"
 LOG="$OUT/run.log"
 pack() { tar -cf "$OUT/results.tar" -C "$(dirname "$RES")" results 2>/dev/null || true; }
 # The benchmarks' own files, as plain files, so that they come back by themselves.
+touch "$RES/.start"
 pack_reference() {
-  mkdir -p "$OUT/reference" && cp "$BENCH_OUT"/*_cuda*.* "$OUT/reference/" 2>/dev/null || true
+  local files
+  files=$(cd "$BENCH_OUT" && find . -maxdepth 1 -name '*_cuda*.*' -newer "$RES/.start" | sort)
+  [ -n "$files" ] && (cd "$BENCH_OUT" && tar -cf "$OUT/reference.tar" $files) || true
 }
 step() { echo "== $* ($(date +%T))" | tee -a "$LOG"; }
 
