@@ -212,6 +212,17 @@ def _new_philox(generator: Optional[torch.Generator] = None,
     return torch.cat([seed, seed.new_zeros(1)])
 
 
+def _dropout_key(src: Optional[Tensor], generator: Optional[torch.Generator] = None) -> Tensor:
+    """The key a wrapper or layer draws for dropout on the features ``src``:
+    on their GPU under torch.compile or a CUDA graph capture, where a graph
+    (mode="reduce-overhead", torch.cuda.graph) draws it again at each replay
+    (a CPU key's values would be captured once); else on the CPU, whose
+    values the kernels take without a launch."""
+    on_gpu = (generator is None and isinstance(src, Tensor) and src.device.type == "cuda"
+              and (torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing()))
+    return _new_philox(generator, src.device if on_gpu else None)
+
+
 def _attention_call_args(rowptr: Tensor, col: Tensor, src: Optional[Tensor], dropout: float,
                          philox: Optional[Tensor], generator: Optional[torch.Generator],
                          csc: Optional[CSC], validate: bool, perm_inv: Optional[Tensor]):
@@ -227,12 +238,7 @@ def _attention_call_args(rowptr: Tensor, col: Tensor, src: Optional[Tensor], dro
             if perm_inv is not None:
                 check_perm_inv(perm_inv, csc[2])
     if dropout > 0 and philox is None:
-        # Under torch.compile on a GPU the key is drawn there, where a CUDA
-        # graph (mode="reduce-overhead") draws it again at each replay; a
-        # CPU key's values would be captured once. Eager: on the CPU.
-        on_gpu = (generator is None and torch.compiler.is_compiling()
-                  and isinstance(src, Tensor) and src.device.type == "cuda")
-        philox = _new_philox(generator, src.device if on_gpu else None)
+        philox = _dropout_key(src, generator)
     if csc is None:
         return philox, (None, None, None), None
     return philox, csc, perm_inv

@@ -1572,7 +1572,29 @@ def test_cpu_philox_is_refused_under_cuda_graph_capture():
             graph.replay()
             want, _ = run_op(inp, dropout=0.5, philox=values)
             assert torch.equal(captured, want)
+        # Without a key the wrapper draws one on the GPU while capturing: a
+        # fresh mask at each replay.
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            drawn, _ = run_op(inp, dropout=0.5)
+        replays = []
+        for _ in range(2):
+            graph.replay()
+            replays.append(drawn.clone())
+        assert not torch.equal(*replays)
     assert_still_works("cuda")
+
+
+def test_dropout_key_device():
+    """Where the wrappers draw a key: on the CPU eagerly (from the given
+    generator when there is one), whatever the features' device."""
+    x = torch.zeros(3, 2, 4)
+    key = pma.ops._dropout_key(x, torch.Generator().manual_seed(5))
+    assert key.device.type == "cpu" and torch.equal(
+        key, pma.ops._new_philox(torch.Generator().manual_seed(5)))
+    assert pma.ops._dropout_key(x).device.type == "cpu"
+    if torch.cuda.is_available():
+        assert pma.ops._dropout_key(x.cuda()).device.type == "cpu"
 
 
 def _backward_args(device):

@@ -368,7 +368,7 @@ class GATConv(FusedAttention, PyGGATConv):
         dropout = self.dropout if self.training else 0.0
         # The Philox key as gat_attention draws it: the same masks as the
         # steps below for the same seed.
-        philox = ops._new_philox() if dropout > 0 else None
+        philox = ops._dropout_key(x) if dropout > 0 else None
         colptr, row, perm = graph.csc if graph.csc is not None else (None, None, None)
         return torch.ops.pyg_multihead_agg._gat_conv(
             x, weight, self.att_src, self.att_dst, self.bias, graph.rowptr, graph.col, colptr,
