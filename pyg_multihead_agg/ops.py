@@ -281,7 +281,8 @@ def gat_attention(rowptr: Tensor, col: Tensor, s_src: Tensor, s_dst: Tensor, x: 
             CUDA graphs need, a CPU key is refused under capture); drawn
             from :obj:`generator` (a fresh seed, offset 0) when
             :obj:`dropout > 0` and not given, on the GPU under
-            :func:`torch.compile` without a generator.
+            :func:`torch.compile` or a CUDA graph capture without a
+            generator.
         csc ((torch.Tensor, torch.Tensor, torch.Tensor), optional): the CSC
             :obj:`(colptr, row, perm)` of the graph for the backward; built
             by :func:`~pyg_multihead_agg.csr_to_csc` when needed otherwise.

@@ -43,7 +43,8 @@ if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CC=/usr/bin/gcc; fi
 export PYG_MULTIHEAD_AGG_DATA="${PYG_MULTIHEAD_AGG_DATA:-$PWD/.device/data}"
 LOG="$OUT/run.log"
 pack() { tar -cf "$OUT/results.tar" -C "$(dirname "$RES")" results 2>/dev/null || true; }
-# The benchmarks' own files, as plain files, so that they come back by themselves.
+# The benchmark files this call wrote (newer than .start), as one tar file that
+# comes back by itself.
 touch "$RES/.start"
 pack_reference() {
   local files
