@@ -23,7 +23,7 @@
 # cora and minibatch read what scripts/prepare_device.sh puts in .device/ on
 # the CPU machine (the Cora files, NeighborLoader's sampler): carry it.
 #   (env: STEP_LIMIT_* seconds per step, OPS_ARGS / LAYER_ARGS / MINIBATCH_ARGS,
-#    COMPILE_SHAPES / COMPILE_CONVS,
+#    LAYER_CONVS, COMPILE_SHAPES / COMPILE_CONVS,
 #    BENCH_OUT (default benchmarks/reference), CORA_RUNS, SANITIZE_TOOLS)
 set -uo pipefail
 MODE="${1:-all}"; shift || true
@@ -151,10 +151,37 @@ if has cora; then
   done
   pack
 fi
+# The rows of benchmarks/reference/layer{,_gatv2,_transformer}_cuda.md, as
+# those files' commands wrote them (the three graphs, float32 forward +
+# backward; the transformer's with bf16 autocast too).
+layer_reference() {
+  local pyg='PyG edge_index (eager|compiled)$' extra=()
+  local ours='ours (edge_index|EdgeIndex) (eager|compiled)(, reduce-overhead)?$'
+  case "$1" in
+    gatv2) pyg='PyG edge_index compiled$';;
+    transformer) extra=(--autocast bfloat16);;
+  esac
+  python3 benchmarks/bench_layer.py --device cuda --conv "$1" \
+    --shapes arxiv-like,products-like,reddit-like --dtypes float32 ${extra[@]+"${extra[@]}"} \
+    --passes forward+backward --reduce-overhead \
+    --methods "$pyg|$ours|new graph every call|compiled, prepared\$" --out "$BENCH_OUT"
+}
 if has layer; then
-  step bench_layer
-  timeout "${STEP_LIMIT_LAYER:-150}" python3 benchmarks/bench_layer.py --device cuda \
-    --out "$BENCH_OUT" ${LAYER_ARGS:-} >> "$LOG" 2>&1 || rc=$?
+  # LAYER_ARGS: bench_layer.py's own arguments instead (its default rows);
+  # else the reference rows of each layer in LAYER_CONVS (default gat: 136,
+  # 240 and 294 s for gat, gatv2 and transformer on the H200).
+  if [ -n "${LAYER_ARGS:-}" ]; then
+    step bench_layer "$LAYER_ARGS"
+    timeout "${STEP_LIMIT_LAYER:-300}" python3 benchmarks/bench_layer.py --device cuda \
+      --out "$BENCH_OUT" $LAYER_ARGS >> "$LOG" 2>&1 || rc=$?
+  else
+    for conv in ${LAYER_CONVS:-gat}; do
+      step bench_layer reference "$conv"
+      export -f layer_reference
+      BENCH_OUT="$BENCH_OUT" timeout "${STEP_LIMIT_LAYER:-330}" bash -c 'layer_reference "$1"' _ \
+        "$conv" >> "$LOG" 2>&1 || rc=$?
+    done
+  fi
   pack_reference
 fi
 if has minibatch && [ -f benchmarks/bench_minibatch.py ]; then
