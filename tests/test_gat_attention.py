@@ -1486,7 +1486,7 @@ def test_bad_philox(case, device):
     assert_still_works(device)
 
 
-def _attention_call(op, device, philox, dtype=torch.float32):
+def _attention_call(op, device, philox):
     """One of the three attention operators with dropout 0.5 on a fixed
     random graph, forward and backward: (out, lse, gradients)."""
     gen = torch.Generator().manual_seed(3)
@@ -1496,8 +1496,7 @@ def _attention_call(op, device, philox, dtype=torch.float32):
     col = torch.randint(0, n, (int(rowptr[-1]),), generator=gen)
 
     def rand(*shape):
-        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(device, dtype) \
-            .requires_grad_()
+        return torch.randn(*shape, generator=gen).to(device).requires_grad_()
 
     rowptr, col = rowptr.to(device), col.to(device)
     if op == "gat":
