@@ -715,12 +715,27 @@ std::tuple<Tensor, Tensor> gat_scores_autograd(const Tensor& x, const Tensor& at
 }
 
 // _gat_conv: a whole GATConv call (projection, scores, attention, heads
-// merged) as one op and one autograd node. The forward's pieces, which the
-// backward reuses: the projection h [N, H, C], the scores, the attention's
-// biased output [N, H, C] and lse, and the bias as the attention op adds it.
+// merged) as one op and one autograd node, whose two halves are ops of their
+// own, _gat_conv_forward and _gat_conv_backward: under torch.compile the
+// traced graph then holds one call for the layer's forward and one for its
+// backward, not the pieces (a small graph's compiled step is bound by the
+// host's cost per call of the compiled graph's wrapper, as an eager one by
+// the cost per operation). The forward's pieces, which the backward reuses:
+// the projection h [N, H, C], the scores, the attention's biased output
+// [rows, H, C] and lse.
 struct GatConvParts {
-  Tensor h, s_src, s_dst, out, lse, bias_hc;
+  Tensor h, s_src, s_dst, out, lse;
 };
+
+// The bias as the attention op adds it to every head: [H, C] (concat), or
+// the whole [C] bias per head (the mean over the heads of out_h + bias is
+// mean(out_h) + bias).
+OptTensor heads_bias(const OptTensor& bias, const Tensor& h, bool concat) {
+  if (!bias.has_value() || !bias->defined()) return std::nullopt;
+  const Tensor b = bias->scalar_type() == h.scalar_type() ? *bias : bias->to(h.scalar_type());
+  return concat ? b.view_symint({h.sym_size(1), h.sym_size(2)})
+                : b.expand_symint({h.sym_size(1), h.sym_size(2)});
+}
 
 GatConvParts gat_conv_parts(const Tensor& x, const Tensor& weight, const Tensor& att_src,
                             const Tensor& att_dst, const OptTensor& bias, const Tensor& rowptr,
@@ -743,24 +758,19 @@ GatConvParts gat_conv_parts(const Tensor& x, const Tensor& weight, const Tensor&
   p.h = p.h.view({x.size(0), H, C});
   std::tie(p.s_src, p.s_dst) = call_gat_scores(p.h, att_src, att_dst);
   if (rows > x.size(0)) p.s_dst = at::constant_pad_nd(p.s_dst, {0, 0, 0, 1});
-  if (bias.has_value() && bias->defined()) {
-    // With concat=False every head gets the whole bias: the mean over the
-    // heads of out_h + bias is mean(out_h) + bias.
-    const Tensor b =
-        bias->scalar_type() == p.h.scalar_type() ? *bias : bias->to(p.h.scalar_type());
-    p.bias_hc = concat ? b.view({H, C}) : b.expand({H, C});
-  }
   std::tie(p.out, p.lse) =
       call_forward(rowptr, col, p.s_src, p.s_dst, std::nullopt, p.h, negative_slope, dropout_p,
-                   philox, colptr, row, perm, as_optional(p.bias_hc), perm_inv);
+                   philox, colptr, row, perm, heads_bias(bias, p.h, concat), perm_inv);
   return p;
 }
 
 // The layer's result from the attention's output: the nodes' rows (without a
-// spare row), heads concatenated or averaged.
-Tensor merge_heads(const Tensor& out, int64_t num_nodes, bool concat) {
-  const Tensor nodes = out.narrow(0, 0, num_nodes);
-  return concat ? nodes.view({num_nodes, -1}) : nodes.mean(1);
+// spare row), heads concatenated or averaged. Symbolic sizes: the autograd
+// Function below runs this under torch.compile(dynamic=True).
+Tensor merge_heads(const Tensor& out, const c10::SymInt& num_nodes, bool concat) {
+  const Tensor nodes = out.narrow_symint(0, 0, num_nodes);
+  return concat ? nodes.view_symint({num_nodes, out.sym_size(1) * out.sym_size(2)})
+                : nodes.mean(1);
 }
 
 Tensor gat_conv_composite(const Tensor& x, const Tensor& weight, const Tensor& att_src,
@@ -771,7 +781,149 @@ Tensor gat_conv_composite(const Tensor& x, const Tensor& weight, const Tensor& a
   return merge_heads(gat_conv_parts(x, weight, att_src, att_dst, bias, rowptr, col, colptr, row,
                                     perm, perm_inv, concat, negative_slope, dropout_p, philox)
                          .out,
-                     x.size(0), concat);
+                     x.sym_size(0), concat);
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> gat_conv_forward_composite(
+    const Tensor& x, const Tensor& weight, const Tensor& att_src, const Tensor& att_dst,
+    const OptTensor& bias, const Tensor& rowptr, const Tensor& col, const OptTensor& colptr,
+    const OptTensor& row, const OptTensor& perm, const OptTensor& perm_inv, bool concat,
+    double negative_slope, double dropout_p, const OptTensor& philox) {
+  GatConvParts p = gat_conv_parts(x, weight, att_src, att_dst, bias, rowptr, col, colptr, row,
+                                  perm, perm_inv, concat, negative_slope, dropout_p, philox);
+  return {p.out, p.h, p.s_src, p.s_dst, p.lse};
+}
+
+using GatConvGrads = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
+
+// The attention's output [rows, H, C] from what the forward kept: out itself,
+// or with concat the layer's result [N, H * C], out's first N rows. A spare
+// row's output, past the result, is read from out's memory where the result
+// still lies in it; else a zero row stands for it (the spare row's output
+// gradient is 0, so its output enters the backward only as 0 * out).
+Tensor attention_output(const Tensor& kept, int64_t rows, int64_t H, int64_t C) {
+  if (kept.dim() == 3) return kept;
+  const int64_t N = kept.size(0);
+  if (rows == N) return kept.view({N, H, C});
+  const bool in_memory = kept.is_contiguous() &&
+                         (kept.storage_offset() + rows * H * C) * kept.element_size() <=
+                             static_cast<int64_t>(kept.storage().nbytes());
+  return in_memory ? kept.as_strided({rows, H, C}, {H * C, C, 1})
+                   : at::constant_pad_nd(kept.view({N, H, C}), {0, 0, 0, 0, 0, rows - N});
+}
+
+GatConvGrads gat_conv_backward_composite(
+    const Tensor& grad, const Tensor& x, const Tensor& weight, const Tensor& att_src,
+    const Tensor& att_dst, const OptTensor& bias, const Tensor& h, const Tensor& s_src,
+    const Tensor& s_dst, const Tensor& out, const Tensor& lse, const Tensor& rowptr,
+    const Tensor& col, const OptTensor& colptr, const OptTensor& row, const OptTensor& perm,
+    const OptTensor& perm_inv, bool concat, double negative_slope, double dropout_p,
+    const OptTensor& philox, std::array<bool, 5> output_mask) {
+  TORCH_CHECK(h.dim() == 3, "h must be [N, heads, channels], got ", h.sizes());
+  const int64_t N = h.size(0), H = h.size(1), C = h.size(2), rows = rowptr.size(0) - 1;
+  const auto none = [&](const Tensor& like) { return like.new_empty({0}); };
+  Tensor grad_x = none(x), grad_weight = none(weight), grad_att_src = none(att_src),
+         grad_att_dst = none(att_dst);
+  const bool has_bias = bias.has_value() && bias->defined();
+  Tensor grad_bias = has_bias ? none(*bias) : none(x);
+  if (has_bias && output_mask[4]) {
+    // The sum over rows in at least float32 (half types would round every
+    // partial sum).
+    const auto acc = at::promote_types(grad.scalar_type(), at::kFloat);
+    grad_bias = grad.sum(0, false, acc).to(bias->scalar_type());
+  }
+  const bool need_x = output_mask[0], need_w = output_mask[1];
+  const bool need_att = output_mask[2] || output_mask[3];
+  if (!(need_x || need_w || need_att)) return {grad_x, grad_weight, grad_att_src, grad_att_dst,
+                                                grad_bias};
+  // The gradient of the attention's output: the heads' slices (concat) or
+  // each head's share of the mean, and none for a spare row.
+  Tensor grad_out = concat ? grad.reshape({N, H, C})
+                           : (grad / static_cast<double>(H)).unsqueeze(1).expand({N, H, C});
+  if (rows > N) grad_out = at::constant_pad_nd(grad_out, {0, 0, 0, 0, 0, rows - N});
+  Tensor csc_ptr = defined_or_empty(colptr), csc_row = defined_or_empty(row),
+         csc_perm = defined_or_empty(perm), inv = defined_or_empty(perm_inv);
+  if (!csc_ptr.defined()) {
+    std::tie(csc_ptr, csc_row, csc_perm) = csr_to_csc(rowptr, col, N);
+    inv = Tensor();  // only with the caller's CSC
+  }
+  auto [grad_h, grad_src, grad_dst, grad_edge] = call_backward(
+      rowptr, col, csc_ptr, csc_row, csc_perm, s_src, s_dst, std::nullopt, h,
+      attention_output(out, rows, H, C), lse, grad_out, std::nullopt, negative_slope, dropout_p,
+      philox, heads_bias(bias, h, concat), as_optional(inv));
+  grad_out = Tensor();
+  const Tensor grad_dst_nodes = grad_dst.narrow(0, 0, N);
+  if (need_att) {
+    auto [unused, gas, gad] = call_gat_scores_backward(grad_src, grad_dst_nodes, h, att_src,
+                                                       att_dst, false, true);
+    grad_att_src = gas.view(att_src.sizes()).to(att_src.scalar_type());
+    grad_att_dst = gad.view(att_dst.sizes()).to(att_dst.scalar_type());
+  }
+  if (need_x || need_w) {
+    // The scores' share of h's gradient, added in place: the layer's
+    // gradient is still held by the caller, and no third [N, H, C] tensor
+    // is made at the backward's peak.
+    const auto dtype = grad_h.scalar_type();
+    grad_h.addcmul_(grad_src.unsqueeze(-1), att_src.view({1, H, C}).to(dtype))
+        .addcmul_(grad_dst_nodes.unsqueeze(-1), att_dst.view({1, H, C}).to(dtype));
+    // linear's backward: h = x @ weight^T.
+    const Tensor grad_proj = grad_h.view({N, H * C});
+    if (need_w) grad_weight = grad_proj.t().mm(x);
+    if (need_x) grad_x = grad_proj.mm(weight);
+  }
+  return {grad_x, grad_weight, grad_att_src, grad_att_dst, grad_bias};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> call_gat_conv_forward(
+    const Tensor& x, const Tensor& weight, const Tensor& att_src, const Tensor& att_dst,
+    const OptTensor& bias, const Tensor& rowptr, const Tensor& col, const OptTensor& colptr,
+    const OptTensor& row, const OptTensor& perm, const OptTensor& perm_inv, bool concat,
+    double negative_slope, double dropout_p, const OptTensor& philox) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("pyg_multihead_agg::_gat_conv_forward", "")
+                       .typed<std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>(
+                           const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                           const OptTensor&, const Tensor&, const Tensor&, const OptTensor&,
+                           const OptTensor&, const OptTensor&, const OptTensor&, bool, double,
+                           double, const OptTensor&)>();
+  return op.call(x, weight, att_src, att_dst, bias, rowptr, col, colptr, row, perm, perm_inv,
+                 concat, negative_slope, dropout_p, philox);
+}
+
+GatConvGrads call_gat_conv_backward(
+    const Tensor& grad, const Tensor& x, const Tensor& weight, const Tensor& att_src,
+    const Tensor& att_dst, const OptTensor& bias, const Tensor& h, const Tensor& s_src,
+    const Tensor& s_dst, const Tensor& out, const Tensor& lse, const Tensor& rowptr,
+    const Tensor& col, const OptTensor& colptr, const OptTensor& row, const OptTensor& perm,
+    const OptTensor& perm_inv, bool concat, double negative_slope, double dropout_p,
+    const OptTensor& philox, std::array<bool, 5> output_mask) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("pyg_multihead_agg::_gat_conv_backward", "")
+          .typed<GatConvGrads(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                              const Tensor&, const OptTensor&, const Tensor&, const Tensor&,
+                              const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                              const Tensor&, const OptTensor&, const OptTensor&,
+                              const OptTensor&, const OptTensor&, bool, double, double,
+                              const OptTensor&, std::array<bool, 5>)>();
+  return op.call(grad, x, weight, att_src, att_dst, bias, h, s_src, s_dst, out, lse, rowptr, col,
+                 colptr, row, perm, perm_inv, concat, negative_slope, dropout_p, philox,
+                 output_mask);
+}
+
+Tensor call_gat_conv(const Tensor& x, const Tensor& weight, const Tensor& att_src,
+                     const Tensor& att_dst, const OptTensor& bias, const Tensor& rowptr,
+                     const Tensor& col, const OptTensor& colptr, const OptTensor& row,
+                     const OptTensor& perm, const OptTensor& perm_inv, bool concat,
+                     double negative_slope, double dropout_p, const OptTensor& philox) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("pyg_multihead_agg::_gat_conv", "")
+                       .typed<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                     const OptTensor&, const Tensor&, const Tensor&,
+                                     const OptTensor&, const OptTensor&, const OptTensor&,
+                                     const OptTensor&, bool, double, double, const OptTensor&)>();
+  return op.call(x, weight, att_src, att_dst, bias, rowptr, col, colptr, row, perm, perm_inv,
+                 concat, negative_slope, dropout_p, philox);
 }
 
 class GatConv : public torch::autograd::Function<GatConv> {
@@ -784,90 +936,50 @@ class GatConv : public torch::autograd::Function<GatConv> {
                         const OptTensor& philox) {
     at::AutoDispatchBelowADInplaceOrView guard;
     ctx->set_materialize_grads(false);  // (see materialize_grads_note)
-    GatConvParts p = gat_conv_parts(x, weight, att_src, att_dst, bias, rowptr, col, colptr, row,
-                                    perm, perm_inv, concat, negative_slope, dropout_p, philox);
-    const bool has_bias = bias.has_value() && bias->defined();
+    auto [out, h, s_src, s_dst, lse] =
+        call_gat_conv_forward(x, weight, att_src, att_dst, bias, rowptr, col, colptr, row, perm,
+                              perm_inv, concat, negative_slope, dropout_p, philox);
     ctx->saved_data["concat"] = concat;
     ctx->saved_data["negative_slope"] = negative_slope;
     ctx->saved_data["dropout_p"] = dropout_p;
-    ctx->saved_data["bias_dtype"] = has_bias ? bias->scalar_type() : x.scalar_type();
     // With concat the result is out's memory: kept as the output (so that
     // an in-place change of it fails the backward, as for any output), not
     // as out, whose version an in-place change of the result would not move.
-    // A spare row's output, beyond the result, is read from out's storage.
-    Tensor result = merge_heads(p.out, x.size(0), concat);
-    ctx->save_for_backward({x, weight, att_src, att_dst, p.h, p.s_src, p.s_dst,
-                            concat ? result : p.out, p.lse, p.bias_hc, rowptr, col,
-                            defined_or_empty(colptr), defined_or_empty(row),
-                            defined_or_empty(perm), defined_or_empty(perm_inv),
-                            defined_or_empty(philox)});
+    Tensor result = merge_heads(out, x.sym_size(0), concat);
+    ctx->save_for_backward({x, weight, att_src, att_dst, defined_or_empty(bias), h, s_src, s_dst,
+                            concat ? result : out, lse, rowptr, col, defined_or_empty(colptr),
+                            defined_or_empty(row), defined_or_empty(perm),
+                            defined_or_empty(perm_inv), defined_or_empty(philox)});
     return result;
   }
 
   // grads by reference: the autograd node's own list (CppNode passes it as
-  // an lvalue and holds no other reference to the gradients), so that the
-  // result's gradient [N, H * C] is freed once the attention's backward has
-  // read it, before the scores' backward allocates its [N, H, C] gradient:
-  // one such tensor less at the step's peak where the gradient is the
-  // node's alone (a layer followed by an activation, as in any model).
+  // an lvalue and holds no other reference to the gradients), released once
+  // the backward op has it.
   static variable_list backward(AutogradContext* ctx, variable_list& grads) {
     const auto saved = ctx->get_saved_variables();
-    const Tensor &x = saved[0], &weight = saved[1], &att_src = saved[2], &att_dst = saved[3],
-                 &h = saved[4], &s_src = saved[5], &s_dst = saved[6], &lse = saved[8],
-                 &bias_hc = saved[9], &rowptr = saved[10], &col = saved[11], &philox = saved[16];
-    Tensor colptr = saved[12], row = saved[13], perm = saved[14], perm_inv = saved[15];
     variable_list result(15);  // one per argument
-    Tensor grad = std::move(grads[0]);
+    const Tensor grad = std::move(grads[0]);
     if (!grad.defined()) return result;
-    const bool concat = ctx->saved_data["concat"].toBool();
+    const Tensor& bias = saved[4];
     // needs_input_grad counts the tensors given: x, weight, att_src, att_dst,
     // then the bias where given.
-    if (bias_hc.defined() && ctx->needs_input_grad(4)) {
-      // The sum over rows in at least float32 (half types would round every
-      // partial sum).
-      const auto acc = at::promote_types(grad.scalar_type(), at::kFloat);
-      result[4] = grad.sum(0, false, acc).to(ctx->saved_data["bias_dtype"].toScalarType());
-    }
-    const bool need_x = ctx->needs_input_grad(0), need_w = ctx->needs_input_grad(1);
-    const bool need_att = ctx->needs_input_grad(2) || ctx->needs_input_grad(3);
-    if (!(need_x || need_w || need_att)) return result;
-    const int64_t N = h.size(0), H = h.size(1), C = h.size(2), rows = rowptr.size(0) - 1;
-    // The attention's output, [rows, H, C]: with concat the result is its
-    // first N rows, out's memory from its start.
-    const Tensor out = concat ? saved[7].as_strided({rows, H, C}, {H * C, C, 1}) : saved[7];
-    // The gradient of the attention's output: the heads' slices (concat) or
-    // each head's share of the mean, and none for a spare row.
-    Tensor grad_out = concat ? grad.reshape({N, H, C})
-                             : (grad / static_cast<double>(H)).unsqueeze(1).expand({N, H, C});
-    if (rows > N) grad_out = at::constant_pad_nd(grad_out, {0, 0, 0, 0, 0, rows - N});
-    if (!colptr.defined()) {
-      std::tie(colptr, row, perm) = csr_to_csc(rowptr, col, N);
-      perm_inv = Tensor();  // only with the caller's CSC
-    }
-    auto [grad_h, grad_src, grad_dst, grad_edge] = call_below_autograd([&] {
-      return call_backward(rowptr, col, colptr, row, perm, s_src, s_dst, std::nullopt, h, out,
-                           lse, grad_out, std::nullopt,
-                           ctx->saved_data["negative_slope"].toDouble(),
-                           ctx->saved_data["dropout_p"].toDouble(), as_optional(philox),
-                           as_optional(bias_hc), as_optional(perm_inv));
+    const std::array<bool, 5> mask = {ctx->needs_input_grad(0), ctx->needs_input_grad(1),
+                                      ctx->needs_input_grad(2), ctx->needs_input_grad(3),
+                                      bias.defined() && ctx->needs_input_grad(4)};
+    auto grads5 = call_below_autograd([&] {
+      return call_gat_conv_backward(
+          grad, saved[0], saved[1], saved[2], saved[3], as_optional(bias), saved[5], saved[6],
+          saved[7], saved[8], saved[9], saved[10], saved[11], as_optional(saved[12]),
+          as_optional(saved[13]), as_optional(saved[14]), as_optional(saved[15]),
+          ctx->saved_data["concat"].toBool(), ctx->saved_data["negative_slope"].toDouble(),
+          ctx->saved_data["dropout_p"].toDouble(), as_optional(saved[16]), mask);
     });
-    grad_out = Tensor();  // (the last references to the result's gradient: see above)
-    grad = Tensor();
-    const bool need_h = need_x || need_w;
-    auto [grad_h_scores, grad_att_src, grad_att_dst] = call_below_autograd([&] {
-      return call_gat_scores_backward(grad_src, grad_dst.narrow(0, 0, N), h, att_src, att_dst,
-                                      need_h, need_att);
-    });
-    if (need_att) {
-      result[2] = grad_att_src.view(att_src.sizes()).to(att_src.scalar_type());
-      result[3] = grad_att_dst.view(att_dst.sizes()).to(att_dst.scalar_type());
-    }
-    if (need_h) {
-      // linear's backward: h = x @ weight^T.
-      const Tensor grad_proj = grad_h.add_(grad_h_scores).view({N, H * C});  // (grad_h: ours)
-      if (need_w) result[1] = grad_proj.t().mm(x);
-      if (need_x) result[0] = grad_proj.mm(weight);
-    }
+    if (mask[0]) result[0] = std::get<0>(grads5);
+    if (mask[1]) result[1] = std::get<1>(grads5);
+    if (mask[2]) result[2] = std::get<2>(grads5);
+    if (mask[3]) result[3] = std::get<3>(grads5);
+    if (mask[4]) result[4] = std::get<4>(grads5);
     return result;
   }
 };
@@ -880,9 +992,11 @@ Tensor gat_conv_autograd(const Tensor& x, const Tensor& weight, const Tensor& at
   check_given({{&x, "x"}, {&weight, "weight"}, {&att_src, "att_src"}, {&att_dst, "att_dst"},
                {&rowptr, "rowptr"}, {&col, "col"}});
   if (!at::GradMode::is_enabled()) {
+    // The op itself below autograd: one call in a graph traced without grad
+    // mode.
     return forward_without_graph([&] {
-      return gat_conv_composite(x, weight, att_src, att_dst, bias, rowptr, col, colptr, row,
-                                perm, perm_inv, concat, negative_slope, dropout_p, philox);
+      return call_gat_conv(x, weight, att_src, att_dst, bias, rowptr, col, colptr, row, perm,
+                           perm_inv, concat, negative_slope, dropout_p, philox);
     });
   }
   return GatConv::apply(x, weight, att_src, att_dst, bias, rowptr, col, colptr, row, perm,
@@ -900,10 +1014,13 @@ TORCH_LIBRARY_IMPL(pyg_multihead_agg, Autograd, m) {
   m.impl("transformer_attention", &transformer_attention_autograd);
 }
 
-// _gat_conv's forward is a composition of the other ops: every device, and
-// fake tensors under torch.compile, through their kernels.
+// _gat_conv and its two halves are compositions of the other ops, for every
+// device (their fake implementations, for torch.compile, are in
+// pyg_multihead_agg/ops.py).
 TORCH_LIBRARY_IMPL(pyg_multihead_agg, CompositeExplicitAutograd, m) {
   m.impl("_gat_conv", &gat_conv_composite);
+  m.impl("_gat_conv_forward", &gat_conv_forward_composite);
+  m.impl("_gat_conv_backward", &gat_conv_backward_composite);
 }
 
 }  // namespace pyg_multihead_agg

@@ -192,6 +192,25 @@ TORCH_LIBRARY(pyg_multihead_agg, m) {
       "_gat_conv(Tensor x, Tensor weight, Tensor att_src, Tensor att_dst, Tensor? bias, "
       "Tensor rowptr, Tensor col, Tensor? colptr, Tensor? row, Tensor? perm, Tensor? perm_inv, "
       "bool concat, float negative_slope, float dropout_p, Tensor? philox) -> Tensor");
+  // Its autograd node's two halves (csrc/autograd.cpp), so that a traced
+  // graph holds one call for each: the forward returns the attention's
+  // biased output out [rows, H, C], the projection h [N, H, C], s_src
+  // [N, H], s_dst [rows, H] (0 in a spare row) and lse [rows, H]; the
+  // backward takes the layer's gradient, those (out, or with concat the
+  // layer's result, out's first N rows) and the forward's arguments, and
+  // returns the gradients of x, weight, att_src, att_dst and bias (each
+  // [0] where output_mask is false, or without a bias).
+  m.def(
+      "_gat_conv_forward(Tensor x, Tensor weight, Tensor att_src, Tensor att_dst, Tensor? bias, "
+      "Tensor rowptr, Tensor col, Tensor? colptr, Tensor? row, Tensor? perm, Tensor? perm_inv, "
+      "bool concat, float negative_slope, float dropout_p, Tensor? philox) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "_gat_conv_backward(Tensor grad, Tensor x, Tensor weight, Tensor att_src, Tensor att_dst, "
+      "Tensor? bias, Tensor h, Tensor s_src, Tensor s_dst, Tensor out, Tensor lse, "
+      "Tensor rowptr, Tensor col, Tensor? colptr, Tensor? row, Tensor? perm, Tensor? perm_inv, "
+      "bool concat, float negative_slope, float dropout_p, Tensor? philox, "
+      "bool[5] output_mask) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 
   // Private test hook: forces the CUDA kernel path `name` (value -1: back to
   // the launch heuristic) and returns the value it replaces; see

@@ -695,3 +695,53 @@ def _(grad_src, grad_dst, x, att_src, att_dst, x_grad, att_grad):
 
 torch.library.register_autograd("pyg_multihead_agg::_gat_scores_backward", _no_double_backward,
                                 setup_context=_no_double_backward_context)
+
+
+# ---------------------------------------------------------------------------
+# GATConv's whole call (_gat_conv and its halves; csrc/autograd.cpp,
+# nn/gat_conv.py): fake implementations, for torch.compile
+# ---------------------------------------------------------------------------
+
+def _gat_conv_shapes(x, att_src, rowptr):
+    # (N, H, C, rows), rows being N or N + 1 (a spare row).
+    num_nodes, rows = x.size(0), rowptr.size(0) - 1
+    torch._check(rows == num_nodes or rows == num_nodes + 1,
+                 lambda: f"rowptr must describe {num_nodes} rows (the nodes of x), or one spare "
+                 f"row more, got {rows}")
+    return num_nodes, att_src.size(-2), att_src.size(-1), rows
+
+
+@torch.library.register_fake("pyg_multihead_agg::_gat_conv")
+def _(x, weight, att_src, att_dst, bias, rowptr, col, colptr, row, perm, perm_inv, concat,
+      negative_slope, dropout_p, philox):
+    num_nodes, heads, channels, _ = _gat_conv_shapes(x, att_src, rowptr)
+    return x.new_empty(num_nodes, heads * channels if concat else channels)
+
+
+@torch.library.register_fake("pyg_multihead_agg::_gat_conv_forward")
+def _(x, weight, att_src, att_dst, bias, rowptr, col, colptr, row, perm, perm_inv, concat,
+      negative_slope, dropout_p, philox):
+    num_nodes, heads, channels, rows = _gat_conv_shapes(x, att_src, rowptr)
+    h = x.new_empty(num_nodes, heads, channels)
+    score = torch.promote_types(h.dtype, att_src.dtype)
+    out, lse = _attention_outputs(rowptr, h)
+    return (out, h, h.new_empty(num_nodes, heads, dtype=score),
+            h.new_empty(rows, heads, dtype=score), lse)
+
+
+@torch.library.register_fake("pyg_multihead_agg::_gat_conv_backward")
+def _(grad, x, weight, att_src, att_dst, bias, h, s_src, s_dst, out, lse, rowptr, col, colptr,
+      row, perm, perm_inv, concat, negative_slope, dropout_p, philox, output_mask):
+    def grad_of(t, asked):
+        return t.new_empty(t.shape if asked else (0,))
+
+    return (grad_of(x, output_mask[0]), grad_of(weight, output_mask[1]),
+            grad_of(att_src, output_mask[2]), grad_of(att_dst, output_mask[3]),
+            grad_of(x, False) if bias is None else grad_of(bias, output_mask[4]))
+
+
+# The halves are called below autograd by _gat_conv's C++ autograd: neither
+# is differentiable on its own.
+for _name in ("_gat_conv_forward", "_gat_conv_backward"):
+    torch.library.register_autograd(f"pyg_multihead_agg::{_name}", _no_double_backward,
+                                    setup_context=_no_double_backward_context)

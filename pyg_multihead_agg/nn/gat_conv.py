@@ -336,14 +336,15 @@ class GATConv(FusedAttention, PyGGATConv):
         # The whole call as one operator, _gat_conv (projection, scores, the
         # attention op, heads merged and the bias, in one autograd node
         # instead of seven: a small graph's step is bound by the host's cost
-        # per operation and node). Where it serves: eager (a compiled model
-        # captures the pieces anyway), one feature matrix and the shared
-        # projection, PyG's Linear without bias and with no hook that would
-        # see its call, no residual, no autocast, the score products (not the
-        # fold), and nothing that observes propagate. Else None.
+        # per operation and node; compiled, the traced graph holds one call
+        # for the forward and one for the backward, its halves). Where it
+        # serves: one feature matrix and the shared projection, PyG's Linear
+        # without bias and with no hook that would see its call, no
+        # residual, no autocast, the score products (not the fold), and
+        # nothing that observes propagate. Else None.
         lin = self.lin
         if (not isinstance(x, Tensor) or type(lin) is not PyGLinear
-                or self.res is not None or is_compiling()
+                or self.res is not None
                 or x.dim() != 2 or not x.is_floating_point()
                 or torch.is_autocast_enabled(x.device.type) or _observed(lin)):
             return None
@@ -354,7 +355,8 @@ class GATConv(FusedAttention, PyGGATConv):
         if fold or (fold is None and _fold_pays_for(x, x.size(0),
                                                     self.heads * self.out_channels)):
             return None
-        if self._propagate_observed():
+        # (compiled, PyG's generated propagate runs no hook: nothing to observe)
+        if not is_compiling() and self._propagate_observed():
             return None
         # PyG's size checks: the adjacency's (and size's) sizes must be x's.
         sizes = self._check_input(edge_index, size)
