@@ -874,56 +874,30 @@ GatConvGrads gat_conv_backward_composite(
   return {grad_x, grad_weight, grad_att_src, grad_att_dst, grad_bias};
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> call_gat_conv_forward(
-    const Tensor& x, const Tensor& weight, const Tensor& att_src, const Tensor& att_dst,
-    const OptTensor& bias, const Tensor& rowptr, const Tensor& col, const OptTensor& colptr,
-    const OptTensor& row, const OptTensor& perm, const OptTensor& perm_inv, bool concat,
-    double negative_slope, double dropout_p, const OptTensor& philox) {
+// The dispatcher's calls of _gat_conv and its halves, typed by their kernels'
+// signatures (the schema's).
+template <class... Args>
+auto call_gat_conv_forward(Args&&... args) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("pyg_multihead_agg::_gat_conv_forward", "")
-                       .typed<std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>(
-                           const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                           const OptTensor&, const Tensor&, const Tensor&, const OptTensor&,
-                           const OptTensor&, const OptTensor&, const OptTensor&, bool, double,
-                           double, const OptTensor&)>();
-  return op.call(x, weight, att_src, att_dst, bias, rowptr, col, colptr, row, perm, perm_inv,
-                 concat, negative_slope, dropout_p, philox);
+                       .typed<decltype(gat_conv_forward_composite)>();
+  return op.call(std::forward<Args>(args)...);
 }
 
-GatConvGrads call_gat_conv_backward(
-    const Tensor& grad, const Tensor& x, const Tensor& weight, const Tensor& att_src,
-    const Tensor& att_dst, const OptTensor& bias, const Tensor& h, const Tensor& s_src,
-    const Tensor& s_dst, const Tensor& out, const Tensor& lse, const Tensor& rowptr,
-    const Tensor& col, const OptTensor& colptr, const OptTensor& row, const OptTensor& perm,
-    const OptTensor& perm_inv, bool concat, double negative_slope, double dropout_p,
-    const OptTensor& philox, std::array<bool, 5> output_mask) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("pyg_multihead_agg::_gat_conv_backward", "")
-          .typed<GatConvGrads(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                              const Tensor&, const OptTensor&, const Tensor&, const Tensor&,
-                              const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                              const Tensor&, const OptTensor&, const OptTensor&,
-                              const OptTensor&, const OptTensor&, bool, double, double,
-                              const OptTensor&, std::array<bool, 5>)>();
-  return op.call(grad, x, weight, att_src, att_dst, bias, h, s_src, s_dst, out, lse, rowptr, col,
-                 colptr, row, perm, perm_inv, concat, negative_slope, dropout_p, philox,
-                 output_mask);
+template <class... Args>
+auto call_gat_conv_backward(Args&&... args) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("pyg_multihead_agg::_gat_conv_backward", "")
+                       .typed<decltype(gat_conv_backward_composite)>();
+  return op.call(std::forward<Args>(args)...);
 }
 
-Tensor call_gat_conv(const Tensor& x, const Tensor& weight, const Tensor& att_src,
-                     const Tensor& att_dst, const OptTensor& bias, const Tensor& rowptr,
-                     const Tensor& col, const OptTensor& colptr, const OptTensor& row,
-                     const OptTensor& perm, const OptTensor& perm_inv, bool concat,
-                     double negative_slope, double dropout_p, const OptTensor& philox) {
+template <class... Args>
+Tensor call_gat_conv(Args&&... args) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("pyg_multihead_agg::_gat_conv", "")
-                       .typed<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                     const OptTensor&, const Tensor&, const Tensor&,
-                                     const OptTensor&, const OptTensor&, const OptTensor&,
-                                     const OptTensor&, bool, double, double, const OptTensor&)>();
-  return op.call(x, weight, att_src, att_dst, bias, rowptr, col, colptr, row, perm, perm_inv,
-                 concat, negative_slope, dropout_p, philox);
+                       .typed<decltype(gat_conv_composite)>();
+  return op.call(std::forward<Args>(args)...);
 }
 
 class GatConv : public torch::autograd::Function<GatConv> {
