@@ -1178,15 +1178,17 @@ def test_compiled_layer_op_inductor_matches_eager(concat):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_compile_dynamic_does_not_recompile_across_graph_sizes(device):
+@pytest.mark.parametrize("edge_dim", [2, None])
+def test_compile_dynamic_does_not_recompile_across_graph_sizes(device, edge_dim):
     """Mini-batches: a new plain edge_index of another size every call, with
-    self-loops and edge features, under torch.compile(dynamic=True,
+    self-loops, with edge features (the layer's steps) and without (the
+    layer operator's halves), under torch.compile(dynamic=True,
     fullgraph=True). One compiled graph serves three sizes (counted), each
     matching the eager layer."""
     from torch._dynamo.utils import counters
 
     torch.manual_seed(13)
-    conv = GATConv(7, 6, heads=3, edge_dim=2).to(device)
+    conv = GATConv(7, 6, heads=3, edge_dim=edge_dim).to(device)
     torch._dynamo.reset()
     counters.clear()
     compiled = torch.compile(conv, dynamic=True, fullgraph=True)
@@ -1195,7 +1197,7 @@ def test_compile_dynamic_does_not_recompile_across_graph_sizes(device):
         edge_index = torch.randint(0, num_nodes, (2, num_edges), generator=gen).to(device)
         edge_index[0, :4] = edge_index[1, :4]  # own self-loops
         x = torch.randn(num_nodes, 7, generator=gen).to(device)
-        edge_attr = torch.randn(num_edges, 2, generator=gen).to(device)
+        edge_attr = torch.randn(num_edges, 2, generator=gen).to(device) if edge_dim else None
         eager_x, compiled_x = x.clone().requires_grad_(), x.clone().requires_grad_()
         eager = conv(eager_x, edge_index, edge_attr)
         out = compiled(compiled_x, edge_index, edge_attr)
