@@ -554,10 +554,12 @@ def test_layer_op_backward_allocates_one_feature_sized_gradient():
     """_gat_conv's backward, while the caller still holds the layer's
     gradient [N, H * C] (concat), allocates one [N, H, C] tensor (h's
     gradient; the scores' share is added into it in place), not two:
-    measured as the backward's peak above what was allocated before it, on
-    a graph whose edges weigh little next to N * H * C. (Averaged heads
-    hold an [N, C] gradient; the attention backward's contiguous copy of
-    its head broadcast is then the second, as before.)"""
+    measured as the second step's backward peak above what was allocated
+    before it (a first backward may make what is made once, such as the
+    backward thread's cuBLAS workspace), on a graph whose edges
+    weigh little next to N * H * C. (Averaged heads hold an [N, C]
+    gradient; the attention backward's contiguous copy of its head
+    broadcast is then the second, as before.)"""
     num_nodes, heads, channels = 20000, 4, 64
     gen = torch.Generator().manual_seed(6)
     edge_index = torch.randint(0, num_nodes, (2, 40000), generator=gen).cuda()
@@ -566,14 +568,16 @@ def test_layer_op_backward_allocates_one_feature_sized_gradient():
     x = torch.randn(num_nodes, 16, device="cuda")
     events = op_events(lambda: layer(x, edge_index))
     assert LAYER_OP in events
-    out = layer(x, edge_index)
-    grad = torch.ones_like(out)
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    out.backward(grad)
-    torch.cuda.synchronize()
-    extra = torch.cuda.max_memory_allocated() - before
+    for _ in range(2):
+        out = layer(x, edge_index)
+        grad = torch.ones_like(out)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out.backward(grad)
+        torch.cuda.synchronize()
+        extra = torch.cuda.max_memory_allocated() - before
+        del out, grad
     feature_sized = num_nodes * heads * channels * 4
     assert feature_sized <= extra < 1.5 * feature_sized, extra / feature_sized
     assert layer.lin.weight.grad is not None
