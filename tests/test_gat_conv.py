@@ -647,6 +647,12 @@ def test_layer_op_halves_opcheck(concat, bias, spare_row):
     for got, want in zip(grads[:len(leaves)], ref_grads, strict=True):  # (no bias: no slot)
         assert rel_error(got, want) <= 1e-6
     assert bias or grads[4].numel() == 0
+    if concat and spare_row:
+        # The layer's result copied (its storage without the spare row's
+        # output): a zero row stands for it, the same gradients.
+        copied = bwd(*bwd_args[:9], kept.clone(), *bwd_args[10:])
+        for got, want in zip(copied, grads, strict=True):
+            assert torch.equal(got, want)
     partial = bwd(*bwd_args[:-1], [False, True, False, False, False])
     assert [t.numel() for t in partial] == [0, weight.numel(), 0, 0, 0]
     assert rel_error(partial[1], ref_grads[1]) <= 1e-6
