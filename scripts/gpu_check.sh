@@ -61,9 +61,15 @@ step() { echo "== $* ($(date +%T))" | tee -a "$LOG"; }
 # in place alongside, and the kernels step times it first, in its own process
 # (both register the same operator names), for an A/B in the same call.
 # PREBUILT=1: use the carried pyg_multihead_agg/_C.abi3.so (and the baseline's,
-# if carried) from scripts/cross_build_device.sh instead of building here.
+# if carried) from scripts/cross_build_device.sh instead of building here;
+# a carried .device/prebuilt/_C.abi3.so.xz is unpacked into its place first.
 BASE="$PWD/.device/baseline"
 if [ "${PREBUILT:-0}" = 1 ]; then
+  packed=.device/prebuilt/_C.abi3.so.xz
+  if [ -f "$packed" ]; then
+    python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
+      "$packed" pyg_multihead_agg/_C.abi3.so && chmod +x pyg_multihead_agg/_C.abi3.so
+  fi
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
   ls -la pyg_multihead_agg/_C*.so "$BASE"/pyg_multihead_agg/_C*.so >> "$LOG" 2>&1
 fi
