@@ -928,8 +928,8 @@ class GatConv : public torch::autograd::Function<GatConv> {
   }
 
   // grads by reference: the autograd node's own list (CppNode passes it as
-  // an lvalue and holds no other reference to the gradients), released once
-  // the backward op has it.
+  // an lvalue), whose reference to the layer's gradient moves here, so that
+  // the op's call holds the only one the node has.
   static variable_list backward(AutogradContext* ctx, variable_list& grads) {
     const auto saved = ctx->get_saved_variables();
     variable_list result(15);  // one per argument
