@@ -714,16 +714,43 @@ def _graph_layout(num_src: int, num_dst: int, num_edges: int, loops: int, need_c
     return rows + 1, parts
 
 
-def _compiled_graph(src: Tensor, dst: Optional[Tensor], num_src: int, num_dst: int,
-                    loops: Optional[int], need_csc: bool) -> Graph:
-    loops = -1 if loops is None else loops
-    rowptr, rest = torch.ops.pyg_multihead_agg._graph_of_edges(src, dst, num_src, num_dst, loops,
-                                                               need_csc)
+def _graph_of_parts(rowptr: Tensor, rest: Tensor, src: Tensor, num_src: int, num_dst: int,
+                    loops: int, need_csc: bool) -> Graph:
+    # The Graph of _graph_of_edges's two tensors (views of them).
     _, sizes = _graph_layout(num_src, num_dst, src.size(-1), loops, need_csc, src.is_cuda)
     parts = torch.split(rest, sizes)
     csc = tuple(parts[2:5]) if need_csc else None
     perm_inv = parts[5] if len(parts) > 5 else None
     return Graph(rowptr, parts[0], csc, perm_inv, parts[1], num_dst)
+
+
+def _compiled_graph(src: Tensor, dst: Optional[Tensor], num_src: int, num_dst: int,
+                    loops: Optional[int], need_csc: bool) -> Graph:
+    loops = -1 if loops is None else loops
+    rowptr, rest = torch.ops.pyg_multihead_agg._graph_of_edges(src, dst, num_src, num_dst, loops,
+                                                               need_csc)
+    return _graph_of_parts(rowptr, rest, src, num_src, num_dst, loops, need_csc)
+
+
+def compiled_edges(adj) -> Optional[Tuple[Tensor, Optional[Tensor]]]:
+    r"""Under :func:`torch.compile`, the index tensors of an edge list whose
+    graph :func:`prepare` would convert through :func:`_graph_of_edges`
+    (see :func:`_edge_pair`); None eagerly, for an adjacency that carries a
+    prepared graph, and for the other adjacencies."""
+    if not is_compiling() or isinstance(getattr(adj, "_pma_graph", None), _Attached):
+        return None
+    return _edge_pair(adj)
+
+
+def kept_graph(src: Tensor, dst: Optional[Tensor], num_src: int, num_dst: int, loops: int,
+               need_csc: bool) -> Graph:
+    r"""The graph of an edge list as :func:`_graph_of_edges` keeps it
+    (converted once per edge list; :obj:`loops` -1 for none), not copied:
+    for an operator's implementation, which reads it and returns none of
+    its tensors (a compiled graph may reuse an operator's outputs as
+    scratch, never what an operator reads inside its own call)."""
+    rowptr, rest = _graph_of_edges_parts(src, dst, num_src, num_dst, loops, need_csc)
+    return _graph_of_parts(rowptr, rest, src, num_src, num_dst, loops, need_csc)
 
 
 def _index_key(index: Tensor) -> tuple:

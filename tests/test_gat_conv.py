@@ -658,6 +658,52 @@ def test_layer_op_halves_opcheck(concat, bias, spare_row):
     assert rel_error(partial[1], ref_grads[1]) <= 1e-6
 
 
+@pytest.mark.parametrize("concat,loops", [(True, 8), (False, 8), (True, -1)])
+def test_layer_op_on_edges_opcheck(concat, loops):
+    """_gat_conv_edges_forward and _gat_conv_edges_backward, which a compiled
+    GATConv on an edge list calls: schema, fakes and the refusal of their
+    own autograd, by torch.library.opcheck; bitwise the results of
+    _gat_conv's halves on the graph kept for the edge list, and again after
+    the cache dropped it (the backward converts it again)."""
+    num_nodes, heads, channels = 8, 2, 3
+    gen = torch.Generator().manual_seed(2)
+    edge_index = torch.randint(0, num_nodes, (2, 20), generator=gen)
+    edge_index = torch.cat([edge_index, torch.arange(2).repeat(2, 1)], dim=1)  # own loops
+    x, weight = torch.randn(num_nodes, 5, generator=gen), torch.randn(heads * channels, 5,
+                                                                      generator=gen)
+    att_src, att_dst = torch.randn(1, heads, channels, generator=gen), torch.randn(
+        1, heads, channels, generator=gen)
+    b = torch.randn(heads * channels if concat else channels, generator=gen)
+    params = (x, weight, att_src, att_dst, b)
+    settings = (concat, 0.2, 0.25, torch.tensor([3, 0]))
+    graphs._EDGES.clear()
+    fwd = torch.ops.pyg_multihead_agg._gat_conv_edges_forward.default
+    fwd_args = params + (edge_index, None, loops, True) + settings
+    torch.library.opcheck(fwd, fwd_args)
+    got = fwd(*fwd_args)
+    g = graphs.kept_graph(edge_index, None, num_nodes, num_nodes, loops, True)
+    assert g.has_spare_row == (loops >= 0)
+    graph_args = (g.rowptr, g.col, *g.csc, g.perm_inv)
+    want = torch.ops.pyg_multihead_agg._gat_conv_forward(*params, *graph_args, *settings)
+    for a, w in zip(got, want, strict=True):
+        assert a.shape == w.shape and torch.equal(a, w)
+    out, h, s_src, s_dst, lse = got
+    result = out[:num_nodes].reshape(num_nodes, -1) if concat else out[:num_nodes].mean(1)
+    saved = (h, s_src, s_dst, result if concat else out, lse)
+    grad = torch.randn(result.shape, generator=gen)
+    mask = [True, True, True, True, True]
+    bwd = torch.ops.pyg_multihead_agg._gat_conv_edges_backward.default
+    bwd_args = (grad,) + params + saved + (edge_index, None, loops) + settings + (mask,)
+    torch.library.opcheck(bwd, bwd_args)
+    want = torch.ops.pyg_multihead_agg._gat_conv_backward(grad, *params, *saved, *graph_args,
+                                                          *settings, mask)
+    for dropped in (False, True):
+        if dropped:
+            graphs._EDGES.clear()
+        for a, w in zip(bwd(*bwd_args), want, strict=True):
+            assert torch.equal(a, w)
+
+
 @pytest.mark.parametrize("concat", [True, False])
 def test_layer_op_output_changed_in_place_fails_the_backward(concat):
     """The op keeps its output (concat: the attention output's memory) for
@@ -1148,9 +1194,8 @@ def test_compiled_layer_calls_the_layer_op_halves(concat, add_self_loops):
     out.backward(grad)
     forward, backward = traced
     ours = [[t for t in graph if t.startswith("pyg_multihead_agg.")] for graph in traced]
-    assert ours == [["pyg_multihead_agg._graph_of_edges.default",
-                     "pyg_multihead_agg._gat_conv_forward.default"],
-                    ["pyg_multihead_agg._gat_conv_backward.default"]], ours
+    assert ours == [["pyg_multihead_agg._gat_conv_edges_forward.default"],
+                    ["pyg_multihead_agg._gat_conv_edges_backward.default"]], ours
     assert not any(t.startswith("aten.mm") or t.startswith("aten.addmm") for t in forward)
     assert not any(t.startswith("aten.mm") for t in backward)
     ref = eager_layer(xe, edge_index)

@@ -460,6 +460,34 @@ def test_compiled_layer_converts_an_edge_list_once(backend, add_self_loops, adj_
     assert torch.allclose(out, want, atol=1e-6)
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_layer_backward_reads_the_kept_graph(backend):
+    """A compiled GATConv on an edge list reads the graph kept for it in
+    its forward and its backward (no copy saved between them): a graph the
+    cache dropped in between is converted again, the same gradients; edges
+    changed in place in between fail the backward (the step keeps the edge
+    tensor), not a gradient of other edges."""
+    torch.manual_seed(3)
+    n = 12
+    edge_index = torch.randint(0, n, (2, 40))
+    x = torch.randn(n, 8)
+    layer = pma.nn.GATConv(8, 4, heads=2)
+    params = list(layer.parameters())
+    torch._dynamo.reset()
+    graphs._EDGES.clear()
+    compiled = torch.compile(layer, backend=backend, fullgraph=True)
+    want = torch.autograd.grad(layer(x, edge_index).square().sum(), params)
+    out = compiled(x, edge_index)
+    graphs._EDGES.clear()
+    got = torch.autograd.grad(out.square().sum(), params)
+    for g, w in zip(got, want, strict=True):
+        assert torch.allclose(g, w, atol=1e-5)
+    out = compiled(x, edge_index)
+    edge_index[1, :5] = (edge_index[1, :5] + 1) % n
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_inference_mode_graphs_are_converted_not_cached(device):
     """Indices made under torch.inference_mode keep no version counter: the

@@ -365,12 +365,21 @@ class GATConv(FusedAttention, PyGGATConv):
         num_nodes = x.size(0)
         loops = (self._num_loop_nodes(x, size, edge_index)
                  if getattr(self, "add_self_loops", False) else None)
-        graph = graphs.prepare(edge_index, num_nodes, num_nodes, self_loops=loops,
-                               need_csc=self._need_csc(x, weight, self.att_src, self.att_dst))
+        need_csc = self._need_csc(x, weight, self.att_src, self.att_dst)
         dropout = self.dropout if self.training else 0.0
         # The Philox key as gat_attention draws it: the same masks as the
         # steps below for the same seed.
         philox = ops._dropout_key(x) if dropout > 0 else None
+        edges = graphs.compiled_edges(edge_index)
+        if edges is not None:
+            # compiled, an edge list: the graph kept for it, read inside the
+            # ops (ops._gat_conv_on_edges), not copied into the step
+            return ops._gat_conv_on_edges(
+                x, weight, self.att_src, self.att_dst, self.bias, *edges,
+                -1 if loops is None else loops, need_csc, self.concat,
+                float(self.negative_slope), float(dropout), philox)
+        graph = graphs.prepare(edge_index, num_nodes, num_nodes, self_loops=loops,
+                               need_csc=need_csc)
         colptr, row, perm = graph.csc if graph.csc is not None else (None, None, None)
         return torch.ops.pyg_multihead_agg._gat_conv(
             x, weight, self.att_src, self.att_dst, self.bias, graph.rowptr, graph.col, colptr,
