@@ -672,8 +672,8 @@ def prepare(adj, num_src: int, num_dst: int, *, self_loops: Optional[int] = None
 
 # The graphs of the last _EDGES_KEPT edge lists _graph_of_edges converted,
 # most recent last: key -> (weak references to the source and destination
-# index storages, (rowptr, the other parts)).
-_Kept = Tuple[Tuple[StorageWeakRef, ...], Tuple[Tensor, Tensor]]
+# index storages, ((rowptr, the other parts), the Graph of their views)).
+_Kept = Tuple[Tuple[StorageWeakRef, ...], Tuple[Tuple[Tensor, Tensor], Graph]]
 _EDGES: "collections.OrderedDict[tuple, _Kept]" = collections.OrderedDict()
 _EDGES_KEPT = 8
 
@@ -749,8 +749,7 @@ def kept_graph(src: Tensor, dst: Optional[Tensor], num_src: int, num_dst: int, l
     for an operator's implementation, which reads it and returns none of
     its tensors (a compiled graph may reuse an operator's outputs as
     scratch, never what an operator reads inside its own call)."""
-    rowptr, rest = _graph_of_edges_parts(src, dst, num_src, num_dst, loops, need_csc)
-    return _graph_of_parts(rowptr, rest, src, num_src, num_dst, loops, need_csc)
+    return _kept_edges(src, dst, num_src, num_dst, loops, need_csc)[1]
 
 
 def _index_key(index: Tensor) -> tuple:
@@ -761,8 +760,11 @@ def _index_key(index: Tensor) -> tuple:
             index.storage_offset(), tuple(index.shape), index.stride(), index._version)
 
 
-def _graph_of_edges_parts(src: Tensor, dst: Optional[Tensor], num_src: int, num_dst: int,
-                          loops: int, need_csc: bool) -> Tuple[Tensor, Tensor]:
+def _kept_edges(src: Tensor, dst: Optional[Tensor], num_src: int, num_dst: int, loops: int,
+                need_csc: bool) -> Tuple[Tuple[Tensor, Tensor], Graph]:
+    # The graph of an edge list as _graph_of_edges keeps it: its two tensors
+    # (rowptr, the other parts one after another) and the Graph of views of
+    # them, made once.
     # (indices made under torch.inference_mode keep no version counter: not kept)
     index = (src,) if dst is None else (src, dst)
     keep = not any(t.is_inference() for t in index)
@@ -782,14 +784,15 @@ def _graph_of_edges_parts(src: Tensor, dst: Optional[Tensor], num_src: int, num_
     rest = [graph.col, graph.edge_perm] + (
         list(graph.csc) + ([graph.perm_inv] if src.is_cuda else []) if need_csc else [])
     parts = (graph.rowptr, torch.cat(rest))  # (_graph_layout)
+    kept = (parts, _graph_of_parts(*parts, src, num_src, num_dst, loops, need_csc))
     if keep:
         for stale in [k for k, (refs, _) in _EDGES.items() if any(r.expired() for r in refs)]:
             del _EDGES[stale]
         refs = tuple(StorageWeakRef(t.untyped_storage()) for t in index)
-        _EDGES[key] = (refs, parts)
+        _EDGES[key] = (refs, kept)
         while len(_EDGES) > _EDGES_KEPT:
             _EDGES.popitem(last=False)
-    return parts
+    return kept
 
 
 # CUDA graphs would replay the copies below from the first graph's tensors.
@@ -824,7 +827,7 @@ def _graph_of_edges(src: Tensor, dst: Optional[Tensor], num_src: int, num_dst: i
     copies, which the compiled graph owns (it may reuse an operator's
     outputs as scratch): two, not one per part, since each copy is a kernel
     launch in every layer call."""
-    rowptr, rest = _graph_of_edges_parts(src, dst, num_src, num_dst, loops, need_csc)
+    rowptr, rest = _kept_edges(src, dst, num_src, num_dst, loops, need_csc)[0]
     return rowptr.clone(), rest.clone()
 
 
