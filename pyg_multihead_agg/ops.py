@@ -790,8 +790,9 @@ def _gat_conv_edges_forward(x, weight, att_src, att_dst, bias, src, dst, loops, 
 def _gat_conv_edges_backward(grad, x, weight, att_src, att_dst, bias, h, s_src, s_dst, out, lse,
                              src, dst, loops, concat, negative_slope, dropout_p, philox,
                              output_mask):
-    g = _graphs.kept_graph(src, dst, x.size(0), x.size(0), loops, True)
-    colptr, row, perm = g.csc
+    # (the bias's gradient alone is a sum: the graph the forward kept, no CSC)
+    g = _graphs.kept_graph(src, dst, x.size(0), x.size(0), loops, any(output_mask[:4]))
+    colptr, row, perm = g.csc if g.csc is not None else (None, None, None)
     return _ops._gat_conv_backward.default(grad, x, weight, att_src, att_dst, bias, h, s_src,
                                            s_dst, out, lse, g.rowptr, g.col, colptr, row, perm,
                                            g.perm_inv, concat, negative_slope, dropout_p, philox,
@@ -838,10 +839,10 @@ class _GatConvEdges(torch.autograd.Function):
     # and _gat_conv_edges_backward: traced once by torch.compile, so its
     # Python costs nothing per step.
     @staticmethod
-    def forward(ctx, x, weight, att_src, att_dst, bias, src, dst, loops, concat, negative_slope,
-                dropout_p, philox):
+    def forward(ctx, x, weight, att_src, att_dst, bias, src, dst, loops, need_csc, concat,
+                negative_slope, dropout_p, philox):
         out, h, s_src, s_dst, lse = _ops._gat_conv_edges_forward(
-            x, weight, att_src, att_dst, bias, src, dst, loops, True, concat, negative_slope,
+            x, weight, att_src, att_dst, bias, src, dst, loops, need_csc, concat, negative_slope,
             dropout_p, philox)
         result = _merge_heads(out, x.size(0), concat)
         # (with concat the result, out's memory, as _gat_conv keeps it)
@@ -860,7 +861,7 @@ class _GatConvEdges(torch.autograd.Function):
         grads = _ops._gat_conv_edges_backward(grad, x, weight, att_src, att_dst, bias, h, s_src,
                                               s_dst, out, lse, src, dst, loops, concat,
                                               negative_slope, dropout_p, philox, mask)
-        return tuple(grads[i] if mask[i] else None for i in range(5)) + (None,) * 7
+        return tuple(grads[i] if mask[i] else None for i in range(5)) + (None,) * 8
 
 
 def _gat_conv_on_edges(x: Tensor, weight: Tensor, att_src: Tensor, att_dst: Tensor,
@@ -868,10 +869,11 @@ def _gat_conv_on_edges(x: Tensor, weight: Tensor, att_src: Tensor, att_dst: Tens
                        need_csc: bool, concat: bool, negative_slope: float, dropout_p: float,
                        philox: Optional[Tensor]) -> Tensor:
     """GATConv's whole call on an edge list under torch.compile (above);
-    need_csc: a backward follows."""
-    if need_csc:
-        return _GatConvEdges.apply(x, weight, att_src, att_dst, bias, src, dst, loops, concat,
-                                   negative_slope, dropout_p, philox)
+    need_csc: a backward follows that needs more than the bias's gradient."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                       for t in (x, weight, att_src, att_dst, bias)):
+        return _GatConvEdges.apply(x, weight, att_src, att_dst, bias, src, dst, loops, need_csc,
+                                   concat, negative_slope, dropout_p, philox)
     out = _ops._gat_conv_edges_forward(x, weight, att_src, att_dst, bias, src, dst, loops, False,
                                        concat, negative_slope, dropout_p, philox)[0]
     return _merge_heads(out, x.size(0), concat)

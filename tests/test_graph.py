@@ -488,6 +488,27 @@ def test_compiled_layer_backward_reads_the_kept_graph(backend):
         out.sum().backward()
 
 
+def test_compiled_layer_bias_gradient_alone():
+    """A compiled GATConv on an edge list whose bias alone needs a gradient
+    (the rest frozen): the gradient of eager's, from a graph kept without
+    its CSC (the bias's gradient is a sum)."""
+    torch.manual_seed(4)
+    n = 12
+    edge_index = torch.randint(0, n, (2, 40))
+    x = torch.randn(n, 8)
+    layer = pma.nn.GATConv(8, 4, heads=2)
+    for p in (layer.lin.weight, layer.att_src, layer.att_dst):
+        p.requires_grad_(False)
+    torch._dynamo.reset()
+    graphs._EDGES.clear()
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    compiled(x, edge_index).square().sum().backward()
+    got, layer.bias.grad = layer.bias.grad, None
+    assert [key[-1] for key in graphs._EDGES] == [False]  # (need_csc)
+    layer(x, edge_index).square().sum().backward()
+    assert torch.allclose(got, layer.bias.grad, atol=1e-5)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_inference_mode_graphs_are_converted_not_cached(device):
     """Indices made under torch.inference_mode keep no version counter: the
