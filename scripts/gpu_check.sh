@@ -197,7 +197,7 @@ if has minibatch && [ -f benchmarks/bench_minibatch.py ]; then
   # machine beforehand (scripts/prepare_device.sh), where carried.
   site="${SAMPLER_SITE:-.device/sampler_site}"
   [ -d "$site/torch_sparse" ] && export PYTHONPATH="$(cd "$site" && pwd)${PYTHONPATH:+:$PYTHONPATH}"
-  timeout "${STEP_LIMIT_MINIBATCH:-150}" python3 benchmarks/bench_minibatch.py --device cuda \
+  timeout "${STEP_LIMIT_MINIBATCH:-250}" python3 benchmarks/bench_minibatch.py --device cuda \
     --out "$BENCH_OUT" ${MINIBATCH_ARGS:-} >> "$LOG" 2>&1 || rc=$?
   pack_reference
 fi
