@@ -62,14 +62,19 @@ step() { echo "== $* ($(date +%T))" | tee -a "$LOG"; }
 # (both register the same operator names), for an A/B in the same call.
 # PREBUILT=1: use the carried pyg_multihead_agg/_C.abi3.so (and the baseline's,
 # if carried) from scripts/cross_build_device.sh instead of building here;
-# a carried .device/prebuilt/_C.abi3.so.xz is unpacked into its place first.
+# a carried PREBUILT_XZ (default .device/prebuilt/_C.abi3.so.xz) is unpacked
+# into its place first, and the baseline's pyg_multihead_agg/_C.abi3.so.xz
+# into the baseline's (the .so is over the carry limit, its xz is not).
 BASE="$PWD/.device/baseline"
+unpack_so() {
+  python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
+    "$1" "$2" && chmod +x "$2"
+}
 if [ "${PREBUILT:-0}" = 1 ]; then
-  packed=.device/prebuilt/_C.abi3.so.xz
-  if [ -f "$packed" ]; then
-    python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
-      "$packed" pyg_multihead_agg/_C.abi3.so && chmod +x pyg_multihead_agg/_C.abi3.so
-  fi
+  packed="${PREBUILT_XZ:-.device/prebuilt/_C.abi3.so.xz}"
+  [ -f "$packed" ] && unpack_so "$packed" pyg_multihead_agg/_C.abi3.so
+  [ -f "$BASE/pyg_multihead_agg/_C.abi3.so.xz" ] &&
+    unpack_so "$BASE/pyg_multihead_agg/_C.abi3.so.xz" "$BASE/pyg_multihead_agg/_C.abi3.so"
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
   ls -la pyg_multihead_agg/_C*.so "$BASE"/pyg_multihead_agg/_C*.so >> "$LOG" 2>&1
 fi
