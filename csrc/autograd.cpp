@@ -144,6 +144,7 @@ class GatAttention : public torch::autograd::Function<GatAttention> {
                &s_edge = saved[4], &x = saved[5], &philox = saved[6], &out = saved[10],
                &lse = saved[11], &bias = saved[12];
     Tensor colptr = saved[7], row = saved[8], perm = saved[9], perm_inv = saved[13];
+    const Tensor &rec0 = saved[14], &rec1 = saved[15];  // the forward's record, if any
     const auto slots = ctx->saved_data["slots"].toIntVector();
     const auto needs = [&](int64_t slot) { return slot >= 0 && ctx->needs_input_grad(slot); };
     const Tensor grad_out = grads[0].defined() ? grads[0] : at::zeros_like(out);
@@ -266,13 +267,23 @@ struct Gatv2Op {  // (x_l, x_r, e_feat?, att), negative_slope
   static constexpr bool kAlias[4] = {false, true, false, false};  // x_r may take grad_x_r
   static constexpr int kSource = 0;
   static constexpr int kGradOf[4] = {0, 1, 3, 2};  // grad_x_l, grad_x_r, grad_att, grad_e_feat
-  static std::tuple<Tensor, Tensor> forward(const Tensor& rowptr, const Tensor& col,
-                                            const OptTensor& a, const OptTensor& b,
-                                            const OptTensor& c, const OptTensor& d, double f,
-                                            double p, const OptTensor& philox,
-                                            const OptTensor& colptr, const OptTensor& row,
-                                            const OptTensor& perm, const OptTensor& bias,
-                                            const OptTensor& perm_inv) {
+  // The forward of a step that will run the backward keeps its record
+  // (_gatv2_attention_record: each entry's logit and signs), which the
+  // backward reads instead of rebuilding z, and uses up where it may donate.
+  static constexpr bool kRecord = true;
+  static Quad forward(const Tensor& rowptr, const Tensor& col, const OptTensor& a,
+                      const OptTensor& b, const OptTensor& c, const OptTensor& d, double f,
+                      double p, const OptTensor& philox, const OptTensor& colptr,
+                      const OptTensor& row, const OptTensor& perm, const OptTensor& bias,
+                      const OptTensor& perm_inv, bool record) {
+    if (record && a->is_cuda()) {  // (the CPU's backward reads no record)
+      static auto op = c10::Dispatcher::singleton()
+                           .findSchemaOrThrow("pyg_multihead_agg::_gatv2_attention_record", "")
+                           .typed<Quad(const Tensor&, const Tensor&, const Tensor&,
+                                       const Tensor&, const OptTensor&, const Tensor&, double,
+                                       double, const OptTensor&, const OptTensor&)>();
+      return op.call(rowptr, col, *a, *b, c, *d, f, p, philox, bias);
+    }
     static auto op = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("pyg_multihead_agg::gatv2_attention", "")
                          .typed<std::tuple<Tensor, Tensor>(
@@ -280,14 +291,16 @@ struct Gatv2Op {  // (x_l, x_r, e_feat?, att), negative_slope
                              const OptTensor&, const Tensor&, double, double, const OptTensor&,
                              const OptTensor&, const OptTensor&, const OptTensor&,
                              const OptTensor&, const OptTensor&)>();
-    return op.call(rowptr, col, *a, *b, c, *d, f, p, philox, colptr, row, perm, bias, perm_inv);
+    auto [out, lse] =
+        op.call(rowptr, col, *a, *b, c, *d, f, p, philox, colptr, row, perm, bias, perm_inv);
+    return {out, lse, Tensor(), Tensor()};
   }
   static Quad backward(const Tensor& rowptr, const Tensor& col, const Tensor& colptr,
                        const Tensor& row, const Tensor& perm, const Tensor& a, const Tensor& b,
                        const Tensor& c, const Tensor& d, const Tensor& out, const Tensor& lse,
                        const Tensor& grad_out, const OptTensor& grad_lse, double f, double p,
                        const OptTensor& philox, const OptTensor& bias,
-                       const OptTensor& perm_inv) {
+                       const OptTensor& perm_inv, const Tensor& rec0, const Tensor& rec1) {
     static auto op = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("pyg_multihead_agg::gatv2_attention_backward", "")
                          .typed<Quad(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
@@ -295,9 +308,9 @@ struct Gatv2Op {  // (x_l, x_r, e_feat?, att), negative_slope
                                      const OptTensor&, const Tensor&, const Tensor&,
                                      const Tensor&, const Tensor&, const OptTensor&, double,
                                      double, const OptTensor&, const OptTensor&,
-                                     const OptTensor&)>();
+                                     const OptTensor&, const OptTensor&, const OptTensor&)>();
     return op.call(rowptr, col, colptr, row, perm, a, b, as_optional(c), d, out, lse, grad_out,
-                   grad_lse, f, p, philox, bias, perm_inv);
+                   grad_lse, f, p, philox, bias, perm_inv, as_optional(rec0), as_optional(rec1));
   }
   // The inputs whose memory may take a gradient (gradient donation), in the
   // order of _gatv2_attention_backward_into's buffers: out takes grad_x_l
@@ -311,7 +324,10 @@ struct Gatv2Op {  // (x_l, x_r, e_feat?, att), negative_slope
                             const Tensor& b, const Tensor& c, const Tensor& d, const Tensor& out,
                             const Tensor& lse, const Tensor& grad_out, const OptTensor& grad_lse,
                             double f, double p, const OptTensor& philox, const OptTensor& bias,
-                            const OptTensor& perm_inv, std::array<Tensor, 2>& into) {
+                            const OptTensor& perm_inv, std::array<Tensor, 2>& into,
+                            const Tensor& rec0, const Tensor& rec1) {
+    // (the record's logits take the logit gradients: this node alone keeps
+    // them, and donation_allowed has ruled out a retained graph)
     static auto op = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("pyg_multihead_agg::_gatv2_attention_backward_into", "")
                          .typed<std::tuple<Tensor, Tensor>(
@@ -319,10 +335,11 @@ struct Gatv2Op {  // (x_l, x_r, e_feat?, att), negative_slope
                              const Tensor&, const Tensor&, const Tensor&, const OptTensor&,
                              const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                              const OptTensor&, double, double, const OptTensor&,
-                             const OptTensor&, const OptTensor&, Tensor&, Tensor&)>();
+                             const OptTensor&, const OptTensor&, Tensor&, Tensor&,
+                             const OptTensor&, const OptTensor&)>();
     auto [grad_att, grad_e] = op.call(rowptr, col, colptr, row, perm, a, b, as_optional(c), d,
                                       out, lse, grad_out, grad_lse, f, p, philox, bias, perm_inv,
-                                      into[0], into[1]);
+                                      into[0], into[1], as_optional(rec0), as_optional(rec1));
     return {into[0], into[1], grad_att, grad_e};
   }
 };
@@ -331,13 +348,12 @@ struct TransformerOp {  // (query, key, value, e_feat?), scale
   static constexpr bool kAlias[4] = {true, false, true, false};  // query, value
   static constexpr int kSource = 1;
   static constexpr int kGradOf[4] = {0, 1, 2, 3};  // grad_query, grad_key, grad_value, grad_e_feat
-  static std::tuple<Tensor, Tensor> forward(const Tensor& rowptr, const Tensor& col,
-                                            const OptTensor& a, const OptTensor& b,
-                                            const OptTensor& c, const OptTensor& d, double f,
-                                            double p, const OptTensor& philox,
-                                            const OptTensor& colptr, const OptTensor& row,
-                                            const OptTensor& perm, const OptTensor& bias,
-                                            const OptTensor& perm_inv) {
+  static constexpr bool kRecord = false;  // (the backward recomputes the logits)
+  static Quad forward(const Tensor& rowptr, const Tensor& col, const OptTensor& a,
+                      const OptTensor& b, const OptTensor& c, const OptTensor& d, double f,
+                      double p, const OptTensor& philox, const OptTensor& colptr,
+                      const OptTensor& row, const OptTensor& perm, const OptTensor& bias,
+                      const OptTensor& perm_inv, bool /*record*/) {
     static auto op = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("pyg_multihead_agg::transformer_attention", "")
                          .typed<std::tuple<Tensor, Tensor>(
@@ -345,14 +361,16 @@ struct TransformerOp {  // (query, key, value, e_feat?), scale
                              const Tensor&, const OptTensor&, double, double, const OptTensor&,
                              const OptTensor&, const OptTensor&, const OptTensor&,
                              const OptTensor&, const OptTensor&)>();
-    return op.call(rowptr, col, *a, *b, *c, d, f, p, philox, colptr, row, perm, bias, perm_inv);
+    auto [out, lse] =
+        op.call(rowptr, col, *a, *b, *c, d, f, p, philox, colptr, row, perm, bias, perm_inv);
+    return {out, lse, Tensor(), Tensor()};
   }
   static Quad backward(const Tensor& rowptr, const Tensor& col, const Tensor& colptr,
                        const Tensor& row, const Tensor& perm, const Tensor& a, const Tensor& b,
                        const Tensor& c, const Tensor& d, const Tensor& out, const Tensor& lse,
                        const Tensor& grad_out, const OptTensor& grad_lse, double f, double p,
                        const OptTensor& philox, const OptTensor& bias,
-                       const OptTensor& perm_inv) {
+                       const OptTensor& perm_inv, const Tensor&, const Tensor&) {
     static auto op =
         c10::Dispatcher::singleton()
             .findSchemaOrThrow("pyg_multihead_agg::transformer_attention_backward", "")
@@ -377,7 +395,8 @@ struct TransformerOp {  // (query, key, value, e_feat?), scale
                             const Tensor& b, const Tensor& c, const Tensor& d, const Tensor& out,
                             const Tensor& lse, const Tensor& grad_out, const OptTensor& grad_lse,
                             double f, double p, const OptTensor& philox, const OptTensor& bias,
-                            const OptTensor& perm_inv, std::array<Tensor, 3>& into) {
+                            const OptTensor& perm_inv, std::array<Tensor, 3>& into,
+                            const Tensor&, const Tensor&) {
     static auto op = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("pyg_multihead_agg::_transformer_attention_backward_into", "")
                          .typed<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
@@ -402,12 +421,17 @@ class ChannelAttention : public torch::autograd::Function<ChannelAttention<Op>> 
                                const OptTensor& philox, const OptTensor& colptr,
                                const OptTensor& row, const OptTensor& perm,
                                const OptTensor& bias, const OptTensor& perm_inv) {
-    Tensor out, lse;
+    Tensor out, lse, rec0, rec1;
     ctx->set_materialize_grads(false);  // (see materialize_grads_note)
     {
+      // A record for the backward only where there will be one.
+      bool record = false;
+      for (const OptTensor* t : {&a, &b, &c, &d, &bias})
+        record = record || (t->has_value() && (*t)->defined() && (*t)->requires_grad());
       at::AutoDispatchBelowADInplaceOrView guard;
-      std::tie(out, lse) = Op::forward(rowptr, col, a, b, c, d, factor, dropout_p, philox,
-                                       colptr, row, perm, bias, perm_inv);
+      std::tie(out, lse, rec0, rec1) = Op::forward(rowptr, col, a, b, c, d, factor, dropout_p,
+                                                   philox, colptr, row, perm, bias, perm_inv,
+                                                   Op::kRecord && record);
     }
     // needs_input_grad counts the tensors given, in argument order: a..d's
     // slots (-1: not given), then the bias's.
@@ -435,7 +459,7 @@ class ChannelAttention : public torch::autograd::Function<ChannelAttention<Op>> 
                             defined_or_empty(philox),
                             defined_or_empty(colptr), defined_or_empty(row),
                             defined_or_empty(perm), out, lse, defined_or_empty(bias),
-                            defined_or_empty(perm_inv)});
+                            defined_or_empty(perm_inv), rec0, rec1});
     return {out, lse};
   }
 
@@ -444,6 +468,7 @@ class ChannelAttention : public torch::autograd::Function<ChannelAttention<Op>> 
     const auto &rowptr = saved[0], &col = saved[1], &philox = saved[6], &out = saved[10],
                &lse = saved[11], &bias = saved[12];
     Tensor colptr = saved[7], row = saved[8], perm = saved[9], perm_inv = saved[13];
+    const Tensor &rec0 = saved[14], &rec1 = saved[15];  // the forward's record, if any
     const auto slots = ctx->saved_data["slots"].toIntVector();
     const auto needs = [&](int64_t slot) { return slot >= 0 && ctx->needs_input_grad(slot); };
     const Tensor grad_out = grads[0].defined() ? grads[0].contiguous() : at::zeros_like(out);
@@ -479,16 +504,18 @@ class ChannelAttention : public torch::autograd::Function<ChannelAttention<Op>> 
           any = any || given;
           into[k] = given ? *dn.own : at::empty(dn.like->sizes(), dn.like->options());
         }
-        if (any) {
+        // (a record, which only this node keeps, is used up there too)
+        if (any || (rec0.defined() && rec0.numel() > 0)) {
           return Op::backward_into(rowptr, col, colptr, row, perm, saved[2], saved[3], saved[4],
                                    saved[5], out, lse, grad_out, as_optional(grad_lse), factor,
                                    dropout_p, as_optional(philox), as_optional(bias),
-                                   as_optional(perm_inv), into);
+                                   as_optional(perm_inv), into, rec0, rec1);
         }
       }
       return Op::backward(rowptr, col, colptr, row, perm, saved[2], saved[3], saved[4], saved[5],
                           out, lse, grad_out, as_optional(grad_lse), factor, dropout_p,
-                          as_optional(philox), as_optional(bias), as_optional(perm_inv));
+                          as_optional(philox), as_optional(bias), as_optional(perm_inv), rec0,
+                          rec1);
     });
     const Tensor g[4] = {std::get<0>(gradients), std::get<1>(gradients), std::get<2>(gradients),
                          std::get<3>(gradients)};
@@ -508,8 +535,9 @@ std::tuple<Tensor, Tensor> gatv2_attention_autograd(
   check_given({{&rowptr, "rowptr"}, {&col, "col"}, {&x_l, "x_l"}, {&x_r, "x_r"}, {&att, "att"}});
   if (!at::GradMode::is_enabled()) {
     return forward_without_graph([&] {
-      return Gatv2Op::forward(rowptr, col, x_l, x_r, e_feat, att, negative_slope, dropout_p,
-                              philox, colptr, row, perm, bias, perm_inv);
+      auto [out, lse, r0, r1] = Gatv2Op::forward(rowptr, col, x_l, x_r, e_feat, att, negative_slope, dropout_p,
+                              philox, colptr, row, perm, bias, perm_inv, false);
+      return std::make_tuple(out, lse);
     });
   }
   auto outputs = ChannelAttention<Gatv2Op>::apply(
@@ -527,8 +555,9 @@ std::tuple<Tensor, Tensor> transformer_attention_autograd(
                {&value, "value"}});
   if (!at::GradMode::is_enabled()) {
     return forward_without_graph([&] {
-      return TransformerOp::forward(rowptr, col, query, key, value, e_feat, scale, dropout_p,
-                                    philox, colptr, row, perm, bias, perm_inv);
+      auto [out, lse, r0, r1] = TransformerOp::forward(rowptr, col, query, key, value, e_feat, scale, dropout_p,
+                                    philox, colptr, row, perm, bias, perm_inv, false);
+      return std::make_tuple(out, lse);
     });
   }
   auto outputs = ChannelAttention<TransformerOp>::apply(

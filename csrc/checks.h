@@ -501,16 +501,47 @@ at::Tensor transformer_backward_into_entry(
                               into));
 }
 
+// GATv2's record (_gatv2_attention_record): logits [E, H] in lse's dtype and
+// signs [E, H, ceil(D / 32)] int32, contiguous, on x_l's device; both or
+// neither. The CPU's record is empty (its backward needs none), which a
+// backward on any device may take as none. Returns whether it is given.
+inline bool check_gatv2_record(const GatShape& s, const at::Tensor& x_l, const at::Tensor& lse,
+                               const OptionalTensor& logits, const OptionalTensor& signs) {
+  const bool has_l = logits.has_value() && logits->defined();
+  const bool has_s = signs.has_value() && signs->defined();
+  TORCH_CHECK(has_l == has_s, "logits and signs (the forward's record) must be given together");
+  if (!has_l || (logits->numel() == 0 && signs->numel() == 0)) return false;
+  const int64_t W = (s.D + 31) / 32;
+  TORCH_CHECK(logits->dim() == 2 && logits->size(0) == s.E && logits->size(1) == s.H,
+              "logits must have shape [", s.E, ", ", s.H, "] (edges, heads), got ",
+              logits->sizes());
+  TORCH_CHECK(signs->dim() == 3 && signs->size(0) == s.E && signs->size(1) == s.H &&
+                  signs->size(2) == W,
+              "signs must have shape [", s.E, ", ", s.H, ", ", W,
+              "] (edges, heads, ceil(channels / 32)), got ", signs->sizes());
+  TORCH_CHECK(logits->scalar_type() == lse.scalar_type(), "logits must have lse's dtype ",
+              lse.scalar_type(), ", got ", logits->scalar_type());
+  TORCH_CHECK(signs->scalar_type() == at::kInt, "signs must be int32, got ",
+              signs->scalar_type());
+  check_same_device(*logits, "logits", x_l, "x_l");
+  check_same_device(*signs, "signs", x_l, "x_l");
+  TORCH_CHECK(logits->is_contiguous() && signs->is_contiguous(),
+              "logits and signs must be contiguous");
+  return true;
+}
+
 // The same two entry points of gatv2_attention's backward; its buffers are
 // grad_x_l (which may be the attention output `out`, when N_src = N_dst) and
 // grad_x_r (which may be x_r), and _gatv2_attention_backward_into returns
-// (grad_att, grad_e_feat).
+// (grad_att, grad_e_feat). The implementation gets the record (logits,
+// signs) when one is given (check_gatv2_record), and whether the logit
+// gradients may take the logits' place (consume).
 using Gatv2Backward = Grads4 (*)(
     const GatShape&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptionalTensor&,
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
     const OptionalTensor&, double, double, const OptionalTensor&, const OptionalTensor&,
-    const OptionalTensor&, const at::Tensor*);
+    const OptionalTensor&, const at::Tensor*, const at::Tensor*, const at::Tensor*, bool);
 
 template <Gatv2Backward Backward>
 Grads4 gatv2_backward_entry(
@@ -519,12 +550,15 @@ Grads4 gatv2_backward_entry(
     const OptionalTensor& e_feat, const at::Tensor& att, const at::Tensor& out,
     const at::Tensor& lse, const at::Tensor& grad_out, const OptionalTensor& grad_lse,
     double negative_slope, double dropout_p, const OptionalTensor& philox,
-    const OptionalTensor& bias, const OptionalTensor& perm_inv) {
+    const OptionalTensor& bias, const OptionalTensor& perm_inv, const OptionalTensor& logits,
+    const OptionalTensor& signs) {
   const GatShape s = check_gatv2_attention_backward(rowptr, col, colptr, row, perm, x_l, x_r,
                                                     e_feat, att, out, lse, grad_out, grad_lse,
                                                     dropout_p, philox, bias, perm_inv);
+  const bool record = check_gatv2_record(s, x_l, lse, logits, signs);
   return Backward(s, rowptr, col, colptr, row, perm, x_l, x_r, e_feat, att, out, lse, grad_out,
-                  grad_lse, negative_slope, dropout_p, philox, bias, perm_inv, nullptr);
+                  grad_lse, negative_slope, dropout_p, philox, bias, perm_inv, nullptr,
+                  record ? &*logits : nullptr, record ? &*signs : nullptr, false);
 }
 
 template <Gatv2Backward Backward>
@@ -535,10 +569,11 @@ std::tuple<at::Tensor, at::Tensor> gatv2_backward_into_entry(
     const at::Tensor& lse, const at::Tensor& grad_out, const OptionalTensor& grad_lse,
     double negative_slope, double dropout_p, const OptionalTensor& philox,
     const OptionalTensor& bias, const OptionalTensor& perm_inv, at::Tensor& grad_x_l,
-    at::Tensor& grad_x_r) {
+    at::Tensor& grad_x_r, const OptionalTensor& logits, const OptionalTensor& signs) {
   const GatShape s = check_gatv2_attention_backward(rowptr, col, colptr, row, perm, x_l, x_r,
                                                     e_feat, att, out, lse, grad_out, grad_lse,
                                                     dropout_p, philox, bias, perm_inv);
+  const bool record = check_gatv2_record(s, x_l, lse, logits, signs);
   const at::Tensor none;
   auto opt = [&](const OptionalTensor& t) -> const at::Tensor& {
     return t.has_value() ? *t : none;
@@ -553,7 +588,7 @@ std::tuple<at::Tensor, at::Tensor> gatv2_backward_into_entry(
   const at::Tensor into[2] = {grad_x_l, grad_x_r};
   auto grads = Backward(s, rowptr, col, colptr, row, perm, x_l, x_r, e_feat, att, out, lse,
                         grad_out, grad_lse, negative_slope, dropout_p, philox, bias, perm_inv,
-                        into);
+                        into, record ? &*logits : nullptr, record ? &*signs : nullptr, true);
   return {std::get<2>(grads), std::get<3>(grads)};
 }
 

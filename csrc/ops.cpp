@@ -98,27 +98,39 @@ TORCH_LIBRARY(pyg_multihead_agg, m) {
       "Tensor att, float negative_slope, float dropout_p, Tensor? philox, Tensor? colptr=None, "
       "Tensor? row=None, Tensor? perm=None, Tensor? bias=None, Tensor? perm_inv=None) -> "
       "(Tensor, Tensor)");
+  // The forward of a training step: (out, lse) as gatv2_attention's, and
+  // its record for the backward, by edge id (CSR order): logits [E, H] in
+  // lse's dtype and the signs of z, signs [E, H, ceil(C / 32)] int32 (bit
+  // c % 32 of word c / 32: z[e, h, c] > 0). On CUDA; the CPU's backward
+  // needs none (empty [0, H] and [0, H, ceil(C / 32)]).
+  m.def(
+      "_gatv2_attention_record(Tensor rowptr, Tensor col, Tensor x_l, Tensor x_r, "
+      "Tensor? e_feat, Tensor att, float negative_slope, float dropout_p, Tensor? philox, "
+      "Tensor? bias=None) -> (Tensor, Tensor, Tensor, Tensor)");
   // Its backward from the CSC, with the attention recomputed from lse.
   // Returns (grad_x_l, grad_x_r, grad_att, grad_e_feat); grad_e_feat is
   // empty [0, H, C] without e_feat; grad_att is [H, C] in the dtype of x_l.
-  // out, grad_lse, bias and perm_inv as in gat_attention_backward.
+  // out, grad_lse, bias and perm_inv as in gat_attention_backward. logits,
+  // signs: the forward's record (_gatv2_attention_record); on CUDA, without
+  // it the backward makes it first (one more forward pass).
   m.def(
       "gatv2_attention_backward(Tensor rowptr, Tensor col, Tensor colptr, Tensor row, "
       "Tensor perm, Tensor x_l, Tensor x_r, Tensor? e_feat, Tensor att, Tensor out, Tensor lse, "
       "Tensor grad_out, Tensor? grad_lse, float negative_slope, float dropout_p, "
-      "Tensor? philox, Tensor? bias=None, Tensor? perm_inv=None) -> "
-      "(Tensor, Tensor, Tensor, Tensor)");
+      "Tensor? philox, Tensor? bias=None, Tensor? perm_inv=None, Tensor? logits=None, "
+      "Tensor? signs=None) -> (Tensor, Tensor, Tensor, Tensor)");
   // The same backward into given buffers, grad_x_l [N_src, H, C] and
   // grad_x_r [N_dst, H, C], contiguous; returns (grad_att, grad_e_feat).
   // grad_x_l may be the very tensor out (when N_src = N_dst) and grad_x_r
   // x_r: the kernels read every row of those before they write a gradient
-  // in its place (as _transformer_attention_backward_into).
+  // in its place (as _transformer_attention_backward_into). The record's
+  // logits, when given, take the logit gradients (the record is used up).
   m.def(
       "_gatv2_attention_backward_into(Tensor rowptr, Tensor col, Tensor colptr, Tensor row, "
       "Tensor perm, Tensor x_l, Tensor x_r, Tensor? e_feat, Tensor att, Tensor out, Tensor lse, "
       "Tensor grad_out, Tensor? grad_lse, float negative_slope, float dropout_p, "
       "Tensor? philox, Tensor? bias, Tensor? perm_inv, Tensor(a!) grad_x_l, "
-      "Tensor(b!) grad_x_r) -> (Tensor, Tensor)");
+      "Tensor(b!) grad_x_r, Tensor(c!)? logits=None, Tensor? signs=None) -> (Tensor, Tensor)");
 
   // Fused graph-transformer attention (docs/gat_attention.md, transformer).
   // For destination i, head h and the edges e of row i (j = col[e]):

@@ -523,9 +523,22 @@ def _(rowptr, col, x_l, x_r, e_feat, att, negative_slope, dropout_p, philox, col
     return _attention_outputs(rowptr, x_l)
 
 
+@torch.library.register_fake("pyg_multihead_agg::_gatv2_attention_record")
+def _(rowptr, col, x_l, x_r, e_feat, att, negative_slope, dropout_p, philox, bias=None):
+    # gatv2_attention's outputs and the record its backward reads on CUDA:
+    # logits [E, H] (lse's dtype) and signs [E, H, ceil(C / 32)] int32; empty
+    # on the CPU, whose backward needs none.
+    _check_gatv2(rowptr, col, x_l, x_r, e_feat, att, dropout_p, philox, bias)
+    out, lse = _attention_outputs(rowptr, x_l)
+    num_edges = col.size(0) if x_l.device.type == "cuda" else 0
+    heads, words = x_l.size(1), (x_l.size(2) + 31) // 32
+    return (out, lse, lse.new_empty(num_edges, heads),
+            x_l.new_empty(num_edges, heads, words, dtype=torch.int32))
+
+
 @torch.library.register_fake("pyg_multihead_agg::gatv2_attention_backward")
 def _(rowptr, col, colptr, row, perm, x_l, x_r, e_feat, att, out, lse, grad_out, grad_lse,
-      negative_slope, dropout_p, philox, bias=None, perm_inv=None):
+      negative_slope, dropout_p, philox, bias=None, perm_inv=None, logits=None, signs=None):
     _check_gatv2(rowptr, col, x_l, x_r, e_feat, att, dropout_p, philox, bias)
     _check_backward_graph(col, colptr, row, perm, perm_inv, out, grad_out)
     num_edges = col.size(0) if e_feat is not None else 0
@@ -535,9 +548,11 @@ def _(rowptr, col, colptr, row, perm, x_l, x_r, e_feat, att, out, lse, grad_out,
 
 @torch.library.register_fake("pyg_multihead_agg::_gatv2_attention_backward_into")
 def _(rowptr, col, colptr, row, perm, x_l, x_r, e_feat, att, out, lse, grad_out, grad_lse,
-      negative_slope, dropout_p, philox, bias, perm_inv, grad_x_l, grad_x_r):
+      negative_slope, dropout_p, philox, bias, perm_inv, grad_x_l, grad_x_r, logits=None,
+      signs=None):
     # The backward of gatv2_attention written into the two buffers
-    # (csrc/autograd.cpp's gradient donation); returns (grad_att, grad_e_feat).
+    # (csrc/autograd.cpp's gradient donation), the logit gradients into the
+    # record's logits; returns (grad_att, grad_e_feat).
     _check_gatv2(rowptr, col, x_l, x_r, e_feat, att, dropout_p, philox, bias)
     _check_backward_graph(col, colptr, row, perm, perm_inv, out, grad_out)
     for buf, name, ref in ((grad_x_l, "grad_x_l", x_l), (grad_x_r, "grad_x_r", x_r)):

@@ -557,3 +557,172 @@ def test_backward_both_layouts(heads, channels, dtype, index_dtype, op):
                                                (g_out, g_lse)))
         for name, a, b in zip(inp.floats(), *got, strict=True):
             assert torch.equal(a, b), f"grad {name} differs between the layouts"
+
+
+# ---------------------------------------------------------------------------
+# GATv2's record: the training forward's logits and signs, which the CUDA
+# backward reads instead of rebuilding z from x_r[i]
+# ---------------------------------------------------------------------------
+
+class _OpNames(torch.utils._python_dispatch.TorchDispatchMode):
+    """The names of this package's ops a call runs (below autograd)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "pyg_multihead_agg":
+            self.names.append(func.name().split("::")[1])
+        return func(*args, **(kwargs or {}))
+
+
+def _gatv2_calls(inp: Inputs, dropout=0.0):
+    """The raw forward's arguments, then the backward's (with the CSC and a
+    fresh output gradient) once the forward's out and lse are known."""
+    philox = PHILOX if dropout else None
+    fwd = (inp.rowptr, inp.col, inp.a, inp.b, inp.e_feat, inp.c, 0.2, dropout, philox)
+    colptr, row, perm = csr_to_csc(inp.rowptr, inp.col, inp.a.size(0))
+
+    def bwd(out, lse):
+        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
+        return (inp.rowptr, inp.col, colptr, row, perm, inp.a, inp.b, inp.e_feat, inp.c, out,
+                lse, grad.to(out.device, out.dtype), None, 0.2, dropout, philox)
+    return fwd, bwd
+
+
+@pytest.mark.parametrize("device", GATV2.devices)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=dtype_id)
+@pytest.mark.parametrize("heads,channels", [(4, 32), (3, 48), (2, 100), (1, 7)])
+def test_gatv2_record_matches_reference(heads, channels, dtype, device):
+    """_gatv2_attention_record: out and lse bitwise gatv2_attention's; on CUDA
+    each entry's logit against float64 and each sign bit that of z (where z
+    is clear of rounding at 0), unused bits 0; on the CPU an empty record."""
+    inp = make_inputs(GATV2, (30, 25, 200, heads, channels, True), dtype=dtype, device=device)
+    if refused_on_cuda(inp, dtype):
+        return
+    fwd, _ = _gatv2_calls(inp)
+    num_edges, words = inp.col.numel(), (channels + 31) // 32
+    if device == "cuda":  # NaN blocks of the record's sizes, for the allocator to hand out
+        blocks = [torch.full((num_edges, heads * w), float("nan"), device=device)
+                  for w in (1, words)]
+        del blocks
+    out, lse, logits, signs = ops._gatv2_attention_record(*fwd)
+    want_out, want_lse = ops.gatv2_attention(*fwd)
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    if device == "cpu":
+        assert logits.shape == (0, heads) and signs.shape == (0, heads, words)
+        return
+    assert logits.shape == (num_edges, heads) and logits.dtype == lse.dtype
+    assert signs.shape == (num_edges, heads, words) and signs.dtype == torch.int32
+    rowptr, col = inp.rowptr.cpu(), inp.col.cpu().long()
+    row = torch.repeat_interleave(torch.arange(rowptr.numel() - 1), rowptr.diff())
+    x_l, x_r, att, e = (t.cpu().double() for t in (inp.a, inp.b, inp.c, inp.e_feat))
+    terms = (x_l[col], x_r[row], e)
+    z = terms[0] + terms[1] + terms[2]
+    ref = (att * torch.nn.functional.leaky_relu(z, 0.2)).sum(-1)
+    assert rel_error(logits.cpu().double(), ref) <= TOLERANCE[torch.float32]
+    raw = signs.cpu().long() & 0xFFFFFFFF
+    bits = (raw.unsqueeze(-1) >> torch.arange(32)) & 1  # [E, H, W, 32]
+    bits = bits.reshape(num_edges, heads, words * 32).bool()
+    assert not bits[..., channels:].any()
+    clear = z.abs() > 1e-5 * sum(t.abs() for t in terms)
+    assert torch.equal(bits[..., :channels][clear], (z > 0)[clear])
+
+
+@pytest.mark.parametrize("device", GATV2.devices)
+@pytest.mark.parametrize("dropout", [0.0, 0.5], ids=["p0", "p0.5"])
+@pytest.mark.parametrize("case", [CASES[0], CASES[4], CASES[5]],
+                         ids=[CASE_IDS[0], CASE_IDS[4], CASE_IDS[5]])
+def test_gatv2_backward_over_the_record(case, dropout, device):
+    """The backward over the forward's record gives, bitwise, the gradients
+    of the one that makes its own record (the logits are taken before
+    dropout, so a forward with dropout records the same);
+    _gatv2_attention_backward_into returns them too, its logit gradients
+    written over the record's logits on CUDA (the record used up)."""
+    inp = make_inputs(GATV2, case, device=device)
+    fwd, bwd = _gatv2_calls(inp, dropout)
+    out, lse, logits, signs = ops._gatv2_attention_record(*fwd)
+    args = bwd(out, lse)
+    plain = ops.gatv2_attention_backward(*args)
+    kept = logits.clone()
+    over = ops.gatv2_attention_backward(*args, None, None, logits, signs)
+    assert torch.equal(logits, kept)  # (read, not written)
+    bufs = (torch.full_like(inp.a, float("nan")), torch.full_like(inp.b, float("nan")))
+    grad_att, grad_e = ops._gatv2_attention_backward_into(*args, None, None, *bufs, logits, signs)
+    for got in (over, (*bufs, grad_att, grad_e)):
+        for name, a, b in zip(("x_l", "x_r", "att", "e_feat"), plain, got, strict=True):
+            assert torch.equal(a, b), name
+    assert (device == "cuda") == (not torch.equal(logits, kept))
+
+
+@pytest.mark.parametrize("device", GATV2.devices)
+def test_gatv2_record_only_for_a_backward(device):
+    """A forward whose inputs need no gradient, or under no_grad, runs
+    gatv2_attention; one that will run a backward keeps the record on CUDA
+    (_gatv2_attention_record), and its backward reads it."""
+    inp = make_inputs(GATV2, CASES[4], device=device)
+    seen = {}
+    for needs in (False, True):
+        x_l = inp.a.detach().requires_grad_(needs)
+        with _OpNames() as ops_run:
+            out, _ = pma.gatv2_attention(inp.rowptr, inp.col, x_l, inp.b, inp.c,
+                                         e_feat=inp.e_feat)
+            if needs:
+                out.sum().backward()
+        seen[needs] = ops_run.names
+    with torch.no_grad(), _OpNames() as ops_run:
+        pma.gatv2_attention(inp.rowptr, inp.col, inp.a.requires_grad_(), inp.b, inp.c)
+    assert ops_run.names == ["gatv2_attention"]
+    assert seen[False] == ["gatv2_attention"]
+    forward = "_gatv2_attention_record" if device == "cuda" else "gatv2_attention"
+    assert seen[True] == [forward, "gatv2_attention_backward"]
+
+
+@pytest.mark.parametrize("device", GATV2.devices)
+def test_gatv2_retained_graph_keeps_the_record(device):
+    """A graph kept for a second backward keeps its record: both backwards
+    give the same gradients (the first may not write over the logits)."""
+    inp = make_inputs(GATV2, CASES[4], device=device)
+    leaves = {n: t.detach().requires_grad_() for n, t in inp.floats().items()}
+    inp = inp.replace(**leaves)
+    out, _ = run_op(inp)
+    grad = torch.randn_like(out)
+    first = torch.autograd.grad(out, list(leaves.values()), grad, retain_graph=True)
+    second = torch.autograd.grad(out, list(leaves.values()), grad)
+    for name, a, b in zip(leaves, first, second, strict=True):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("device", GATV2.devices)
+def test_gatv2_record_opcheck(device):
+    inp = make_inputs(GATV2, CASES[0], device=device, with_bias=True)
+    fwd, bwd = _gatv2_calls(inp, 0.3)
+    fwd = (*fwd, inp.bias)
+    torch.library.opcheck(ops._gatv2_attention_record, fwd)
+    out, lse, logits, signs = ops._gatv2_attention_record(*fwd)
+    args = (*bwd(out, lse), inp.bias, None, logits, signs)
+    torch.library.opcheck(ops.gatv2_attention_backward, args)
+
+
+@pytest.mark.parametrize("device", GATV2.devices)
+@pytest.mark.parametrize("mutate,match", [
+    (lambda lg, s: (lg[:-1], s), "logits must have shape"),
+    (lambda lg, s: (lg, s[:, :, :0]), "signs must have shape"),
+    (lambda lg, s: (lg, None), "must be given together"),
+    (lambda lg, s: (lg.double(), s), "logits must have lse's dtype"),
+    (lambda lg, s: (lg, s.float()), "signs must be int32"),
+], ids=["logits-shape", "signs-shape", "one-of-two", "logits-dtype", "signs-dtype"])
+def test_gatv2_record_bad_input(mutate, match, device):
+    """A record that does not fit the backward's graph raises a clear error
+    naming it (a CPU record of the right size counts: the CPU backward reads
+    none, but it is checked)."""
+    inp = make_inputs(GATV2, CASES[0], device=device)
+    fwd, bwd = _gatv2_calls(inp)
+    out, lse = ops.gatv2_attention(*fwd)
+    num_edges, heads, channels = inp.col.numel(), *inp.a.shape[1:]
+    logits = torch.zeros(num_edges, heads, dtype=lse.dtype, device=device)
+    signs = torch.zeros(num_edges, heads, (channels + 31) // 32, dtype=torch.int32,
+                        device=device)
+    with pytest.raises(RuntimeError, match=match):
+        ops.gatv2_attention_backward(*bwd(out, lse), None, None, *mutate(logits, signs))

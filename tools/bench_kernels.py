@@ -165,9 +165,16 @@ def bench_dtype(g, csc, dtype, device, ncu, profile=False, check=True, only=()):
         v2_out, v2_lse = _ops.gatv2_attention(g.rowptr, g.col, x, x_r, None, att, 0.2, 0.0, None)
         calls["gatv2_fwd"] = lambda: _ops.gatv2_attention(g.rowptr, g.col, x, x_r, None, att,
                                                           0.2, 0.0, None)
+        # The training forward (with the record its backward reads) and the
+        # backward over that record, where this build has it.
+        record = ()
+        if hasattr(_ops, "_gatv2_attention_record"):
+            calls["gatv2_fwd_record"] = lambda: _ops._gatv2_attention_record(
+                g.rowptr, g.col, x, x_r, None, att, 0.2, 0.0, None)
+            record = calls["gatv2_fwd_record"]()[2:]
         calls["gatv2_bwd_inv"] = lambda: _ops.gatv2_attention_backward(
             g.rowptr, g.col, colptr, row, perm, x, x_r, None, att, v2_out, v2_lse, grad, None,
-            0.2, 0.0, None, None, perm_inv)
+            0.2, 0.0, None, None, perm_inv, *record)
     if hasattr(_ops, "transformer_attention") and perm_inv is not None:
         # The transformer on the same shapes (values: x; query, key: fresh),
         # its backward in the default CSC pass (transposed for heads of 4 or 8

@@ -124,8 +124,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_backward(
     const at::Tensor& lse, const at::Tensor& grad_out, const std::optional<at::Tensor>& grad_lse,
     double negative_slope, double dropout_p, const std::optional<at::Tensor>& philox,
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& /*perm_inv*/,
-    const at::Tensor* into) {
-  // perm_inv is only checked: this kernel keeps the logit gradients by edge id.
+    const at::Tensor* into, const at::Tensor* /*logits*/, const at::Tensor* /*signs*/,
+    bool /*consume*/) {
+  // perm_inv is only checked: this kernel keeps the logit gradients by edge
+  // id. It rebuilds z from x_l[j] and x_r[i] in its own passes (no record).
   TORCH_CHECK(x_l.device().is_cpu(), "x_l must be a CPU tensor for the CPU kernel");
   const int64_t N_dst = s.N_dst, N_src = s.N_src, E = s.E, H = s.H, D = s.D, HD = H * D;
   const bool has_edge = e_feat.has_value() && e_feat->defined();
@@ -256,10 +258,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_backward(
   return {grad_xl, grad_xr, grad_att, grad_ef};
 }
 
+// The training forward: gatv2_attention's outputs and an empty record (the
+// CPU backward needs none).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_attention_record_cpu(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& x_l,
+    const at::Tensor& x_r, const std::optional<at::Tensor>& e_feat, const at::Tensor& att,
+    double negative_slope, double dropout_p, const std::optional<at::Tensor>& philox,
+    const std::optional<at::Tensor>& bias) {
+  auto [out, lse] = gatv2_attention_cpu(rowptr, col, x_l, x_r, e_feat, att, negative_slope,
+                                        dropout_p, philox, std::nullopt, std::nullopt,
+                                        std::nullopt, bias, std::nullopt);
+  const int64_t H = x_l.size(1), W = (x_l.size(2) + 31) / 32;
+  return {out, lse, at::empty({0, H}, lse.options()),
+          at::empty({0, H, W}, x_l.options().dtype(at::kInt))};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(pyg_multihead_agg, CPU, m) {
   m.impl("gatv2_attention", &gatv2_attention_cpu);
+  m.impl("_gatv2_attention_record", &gatv2_attention_record_cpu);
   m.impl("gatv2_attention_backward", &gatv2_backward_entry<&gatv2_backward>);
   m.impl("_gatv2_attention_backward_into", &gatv2_backward_into_entry<&gatv2_backward>);
 }

@@ -392,6 +392,45 @@ std::tuple<at::Tensor, at::Tensor> per_channel_forward(
   return {out, lse};
 }
 
+// GATv2's record of the forward (_gatv2_attention_record): logits [E, H] in
+// the accumulation dtype and signs [E, H, ceil(D / 32)] int32, by edge id.
+std::pair<at::Tensor, at::Tensor> gatv2_record_buffers(const GatShape& s, const at::Tensor& x_l) {
+  const auto acc_dtype = at::toOpMathType(x_l.scalar_type());
+  return {at::empty({s.E, s.H}, x_l.options().dtype(acc_dtype)),
+          at::empty({s.E, s.H, (s.D + 31) / 32}, x_l.options().dtype(at::kInt))};
+}
+
+// The GATv2 forward (s: checked), with its record written into `record`
+// (logits, signs) when given.
+std::tuple<at::Tensor, at::Tensor> gatv2_forward(
+    const GatShape& s, const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& x_l,
+    const at::Tensor& x_r, const std::optional<at::Tensor>& e_feat, const at::Tensor& att,
+    double negative_slope, double dropout_p, const std::optional<at::Tensor>& philox,
+    const std::optional<at::Tensor>& bias, const std::pair<at::Tensor, at::Tensor>* record) {
+  TORCH_CHECK(x_l.is_cuda(), "x_l must be a CUDA tensor for the CUDA kernel");
+  const bool has_edge = e_feat.has_value() && e_feat->defined();
+  const at::Tensor ef = has_edge ? *e_feat : at::Tensor();
+  return per_channel_forward(
+      s, "gatv2_attention", x_l, rowptr, col, {&x_l, &x_r, &ef, &att}, dropout_p, philox, bias,
+      [&](auto& p, const std::vector<at::Tensor>& t) {
+        using scalar_t = std::remove_const_t<std::remove_pointer_t<decltype(p.x)>>;
+        using acc_t = at::opmath_type<scalar_t>;
+        p.x = t[0].data_ptr<scalar_t>();
+        p.x_dst = t[1].data_ptr<scalar_t>();
+        p.e_feat = has_edge ? t[2].data_ptr<scalar_t>() : nullptr;
+        p.att = t[3].data_ptr<scalar_t>();
+        p.negative_slope = static_cast<acc_t>(negative_slope);
+        if (record != nullptr) {
+          p.logits = record->first.data_ptr<acc_t>();
+          p.bits = reinterpret_cast<uint32_t*>(record->second.data_ptr<int32_t>());
+          p.W = static_cast<int>(record->second.size(2));
+        }
+      },
+      [&](const auto& p, const RowConfig& rc) {
+        launch_gatv2_forward_rows(p, rc, rowptr.options());
+      });
+}
+
 std::tuple<at::Tensor, at::Tensor> gatv2_attention_cuda(
     const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& x_l,
     const at::Tensor& x_r, const std::optional<at::Tensor>& e_feat, const at::Tensor& att,
@@ -401,29 +440,32 @@ std::tuple<at::Tensor, at::Tensor> gatv2_attention_cuda(
     const std::optional<at::Tensor>& /*perm_inv*/) {
   const auto s =
       check_gatv2_attention(rowptr, col, x_l, x_r, e_feat, att, dropout_p, philox, bias);
+  return gatv2_forward(s, rowptr, col, x_l, x_r, e_feat, att, negative_slope, dropout_p, philox,
+                       bias, nullptr);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_attention_record_cuda(
+    const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& x_l,
+    const at::Tensor& x_r, const std::optional<at::Tensor>& e_feat, const at::Tensor& att,
+    double negative_slope, double dropout_p, const std::optional<at::Tensor>& philox,
+    const std::optional<at::Tensor>& bias) {
+  const auto s =
+      check_gatv2_attention(rowptr, col, x_l, x_r, e_feat, att, dropout_p, philox, bias);
   TORCH_CHECK(x_l.is_cuda(), "x_l must be a CUDA tensor for the CUDA kernel");
-  const bool has_edge = e_feat.has_value() && e_feat->defined();
-  const at::Tensor ef = has_edge ? *e_feat : at::Tensor();
-  return per_channel_forward(
-      s, "gatv2_attention", x_l, rowptr, col, {&x_l, &x_r, &ef, &att}, dropout_p, philox, bias,
-      [&](auto& p, const std::vector<at::Tensor>& t) {
-        using scalar_t = std::remove_const_t<std::remove_pointer_t<decltype(p.x)>>;
-        p.x = t[0].data_ptr<scalar_t>();
-        p.x_dst = t[1].data_ptr<scalar_t>();
-        p.e_feat = has_edge ? t[2].data_ptr<scalar_t>() : nullptr;
-        p.att = t[3].data_ptr<scalar_t>();
-        p.negative_slope = static_cast<decltype(p.negative_slope)>(negative_slope);
-      },
-      [&](const auto& p, const RowConfig& rc) {
-        launch_gatv2_forward_rows(p, rc, rowptr.options());
-      });
+  const auto record = gatv2_record_buffers(s, x_l);
+  auto [out, lse] = gatv2_forward(s, rowptr, col, x_l, x_r, e_feat, att, negative_slope,
+                                  dropout_p, philox, bias, &record);
+  return {out, lse, record.first, record.second};
 }
 
 // The backward (checked by the entry points in checks.h), into the buffers
 // `into` (grad_x_l, grad_x_r) when given. grad_x_l's may be out (the row
 // terms read it before the CSC pass writes grad_x_l) and grad_x_r's x_r (the
-// CSC pass gathers it; the destination pass, which writes grad_x_r,
-// gathers no feature row).
+// destination pass, which writes grad_x_r, reads each row's x_r[i] before
+// its gradient). logits, signs: the forward's record (made here, by a
+// forward pass without dropout, when not given); consume: the logit
+// gradients take the logits' place (the CSC pass reads an entry's logit
+// before it writes its gradient there), else a buffer of their own.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_backward(
     const GatShape& s, const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& colptr,
     const at::Tensor& row, const at::Tensor& perm, const at::Tensor& x_l, const at::Tensor& x_r,
@@ -431,7 +473,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_backward(
     const at::Tensor& lse, const at::Tensor& grad_out, const std::optional<at::Tensor>& grad_lse,
     double negative_slope, double dropout_p, const std::optional<at::Tensor>& philox,
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& perm_inv,
-    const at::Tensor* into) {
+    const at::Tensor* into, const at::Tensor* logits, const at::Tensor* signs, bool consume) {
   TORCH_CHECK(x_l.is_cuda(), "x_l must be a CUDA tensor for the CUDA kernel");
   const c10::cuda::CUDAGuard guard(x_l.device());
   const bool has_edge = e_feat.has_value() && e_feat->defined();
@@ -445,9 +487,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_backward(
     }
     return {at::zeros_like(x_l), at::zeros_like(x_r), at::zeros_like(att), grad_ef};
   }
-  const auto acc_dtype = at::toOpMathType(x_l.scalar_type());
-  const bool has_inv = perm_inv.has_value() && perm_inv->defined();
-  const auto inv_c = has_inv ? perm_inv->contiguous() : at::Tensor();
+  // (perm_inv is only checked: the logit gradients go by edge id, where
+  // the record is.)
+  std::pair<at::Tensor, at::Tensor> record;
+  if (logits != nullptr) {
+    record = {*logits, *signs};
+  } else {
+    record = gatv2_record_buffers(s, x_l);
+    gatv2_forward(s, rowptr, col, x_l, x_r, e_feat, att, negative_slope, 0.0, std::nullopt,
+                  std::nullopt, &record);
+    consume = true;  // (its own)
+  }
   const bool has_glse = grad_lse.has_value() && grad_lse->defined();
   const auto glse_c = has_glse ? grad_lse->contiguous() : at::Tensor();
   const auto lse_c = lse.contiguous();
@@ -471,29 +521,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_backward(
     auto gxl = gradient_buffer(into, 0, s.N_src, s, Dp, x_l.options());
     auto gxr = gradient_buffer(into, 1, s.N_dst, s, Dp, x_l.options());
     auto gef = has_edge ? at::empty({s.E, s.H, Dp}, x_l.options()) : at::Tensor();
-    const int W = static_cast<int>((Dp + 31) / 32);
-    auto grad_z = at::empty({s.E, s.H}, x_l.options().dtype(acc_dtype));
-    auto bits = at::empty({s.E, s.H, W}, x_l.options().dtype(at::kInt));
+    auto grad_z = consume ? record.first : at::empty(record.first.sizes(), record.first.options());
     at::Tensor att_part;
     INDEX_SWITCH(rowptr.scalar_type(), "gatv2_attention_backward", [&] {
       using acc_t = at::opmath_type<scalar_t>;
-      auto p = backward_params<scalar_t, index_t>(s, Dp, colptr_c, row_c, perm_c, inv_c, go,
-                                                  lse_c, glse_c, bias_c, gxl, grad_z, dropout_p,
-                                                  philox);
+      auto p = backward_params<scalar_t, index_t>(s, Dp, colptr_c, row_c, perm_c, at::Tensor(),
+                                                  go, lse_c, glse_c, bias_c, gxl, grad_z,
+                                                  dropout_p, philox);
       p.x = xl_c.data_ptr<scalar_t>();
       p.x_dst = xr_c.data_ptr<scalar_t>();
       p.e_feat = has_edge ? ef_c.data_ptr<scalar_t>() : nullptr;
       p.att = att_c.data_ptr<scalar_t>();
       p.grad_e_feat = has_edge ? gef.data_ptr<scalar_t>() : nullptr;
-      p.bits = reinterpret_cast<uint32_t*>(bits.data_ptr<int32_t>());
-      p.W = W;
+      p.logits = record.first.data_ptr<acc_t>();
+      p.bits = reinterpret_cast<uint32_t*>(record.second.data_ptr<int32_t>());
+      p.W = static_cast<int>(record.second.size(2));
       p.negative_slope = static_cast<acc_t>(negative_slope);
       att_part = launch_gatv2_backward_rows(p, out_c.data_ptr<scalar_t>(),
                                             gxr.data_ptr<scalar_t>(),
                                             rowptr_c.data_ptr<index_t>(), rc, colptr.options());
     });
-    // grad_att per fixed range of sources, summed by one deterministic
-    // reduction.
+    // grad_att per fixed range of sources and of destinations, summed by
+    // one deterministic reduction.
     grad_att = att_part.sum(0).view({s.H, Dp}).to(x_l.scalar_type());
     grad_xl = crop_channels(gxl, s.D);
     grad_xr = crop_channels(gxr, s.D);
@@ -630,6 +679,7 @@ TORCH_LIBRARY_IMPL(pyg_multihead_agg, CUDA, m) {
   m.impl("gat_attention", &gat_attention_cuda);
   m.impl("gat_attention_backward", &gat_attention_backward_cuda);
   m.impl("gatv2_attention", &gatv2_attention_cuda);
+  m.impl("_gatv2_attention_record", &gatv2_attention_record_cuda);
   m.impl("gatv2_attention_backward", &gatv2_backward_entry<&gatv2_backward>);
   m.impl("_gatv2_attention_backward_into", &gatv2_backward_into_entry<&gatv2_backward>);
   m.impl("transformer_attention", &transformer_attention_cuda);

@@ -125,7 +125,8 @@ __device__ __forceinline__ void load_attend_step(bool (&ok)[U], Vec<scalar_t, V>
           load_vec_if<scalar_t, V>(use, p.x + static_cast<int64_t>(j[u]) * p.HD + m.feat[k]);
       en[u][k] = score.load_entry(p, m, k, use, j[u], e0 + u);
       // scalar scores: no shuffle, the logit right after its loads
-      if constexpr (Score::kScalar) out[u][k] = finish(use, score.logit(p, k, use, en[u][k], xv[u][k], mask));
+      if constexpr (Score::kScalar)
+        out[u][k] = finish(use, score.logit(p, k, use, en[u][k], xv[u][k], mask, e0 + u));
     }
   if constexpr (!Score::kScalar) {
 #pragma unroll
@@ -133,7 +134,7 @@ __device__ __forceinline__ void load_attend_step(bool (&ok)[U], Vec<scalar_t, V>
 #pragma unroll
       for (int k = 0; k < VPL; ++k) {
         const bool use = ok[u] && m.valid[k];
-        out[u][k] = finish(use, score.logit(p, k, use, en[u][k], xv[u][k], mask));
+        out[u][k] = finish(use, score.logit(p, k, use, en[u][k], xv[u][k], mask, e0 + u));
       }
   }
 }

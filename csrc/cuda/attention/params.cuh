@@ -34,6 +34,7 @@ struct AttentionParams {
   acc_t* lse_out;            // forward: [N_dst, H]
   scalar_t* grad_s_src;      // backward: [N_src, H]
   acc_t* grad_z;             // backward: [E, H], by edge id or (perm_inv) by CSC entry
+                             // (GATv2: by edge id)
   const index_t* perm_inv;   // backward: CSC entry of each edge, or nullptr
   const void* aux;           // backward, all-heads path: RowAux<acc_t> [N_dst, H]
   acc_t* part_x;             // backward, all-heads path: [slots, H * D] partial grad_x
@@ -52,7 +53,12 @@ struct AttentionParams {
   const scalar_t* att;       // [H, D]
   scalar_t* grad_e_feat;     // backward: [E, H, D] by edge id, or nullptr
   acc_t* att_part;           // backward: [ranges, H * D] grad_att per fetch range
-  uint32_t* bits;            // backward: [E, H, W] signs of z (bit c % 32 of word c / 32)
+  // The record of a forward that keeps it for its backward (nullptr: none),
+  // by edge id (CSR order): each entry's logit and the signs of its z (bit
+  // c % 32 of word c / 32). The forward writes them, the backward's CSC pass
+  // reads them (its logit gradients may take the logits' place: grad_z).
+  acc_t* logits;             // [E, H]
+  uint32_t* bits;            // [E, H, W]
   int W;                     // words of bits per head: ceil(D / 32)
   // TransformerConv (TransformerScore): the keys beside x (the values),
   // x_dst the queries, e_feat the edge features; the logit's scale; in the

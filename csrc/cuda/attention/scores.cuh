@@ -22,7 +22,8 @@
 //   load_entry     vector, loaded with it.
 //   logit          the entry's logit for this lane's vector k (its head's,
 //                  after the nonlinearity), the same in every lane of the
-//                  head; called by every lane of the group (it may shuffle).
+//                  head; called by every lane of the group (it may shuffle),
+//                  with the entry's edge id (GATv2 records the logit there).
 //   aggregate      acc += w * (the entry's aggregated vector): the gathered
 //                  source vector (TransformerScore: plus the edge's features).
 //   Backward, over the CSC (per source j):
@@ -96,7 +97,7 @@ struct GatScore {
     return en;
   }
   __device__ __forceinline__ acc_t logit(const Params& p, int k, bool use, const Entry& en,
-                                         const Vec<scalar_t, V>&, unsigned) const {
+                                         const Vec<scalar_t, V>&, unsigned, int64_t) const {
     acc_t z = use ? en.ssrc + sd[k] : acc_t(0);
     z += en.sedge;
     return leaky(z, p.negative_slope);
@@ -155,19 +156,20 @@ struct GatScore {
 
 // GATv2: z[c] = x_l[j, c] + x_r[i, c] (+ e_feat[e, c]) per channel, logit
 // sum_c att[c] * leaky_relu(z[c]) over the head: each lane sums its V
-// channels, then the head's S lanes (lanes_sum, the order of the backward's
-// dots, so that the backward recomputes the forward's logit bit for bit).
+// channels, then the head's S lanes (lanes_sum). A forward for training
+// records each entry's logit and the signs of its z (p.logits, p.bits), so
+// that the backward's CSC pass gathers one row per entry (grad_out[i]), as
+// GAT's, instead of rebuilding z from x_r[i] as well.
 template <typename scalar_t, typename index_t, int V, int VPL>
 struct Gatv2Score {
   using acc_t = at::opmath_type<scalar_t>;
   using Params = AttentionParams<scalar_t, index_t>;
   using Lanes = RowLanes<V, VPL>;
   static constexpr bool kScalar = false;
-  // The CSC pass is backward_row for every head layout: the transposed
-  // pass (an entry's scalar work in one lane) measured slower for GATv2
-  // (43.5 against 41.0 ms, products-like float32), whose vector work per
-  // entry (z, the sign word, two gradient terms per channel) outweighs the
-  // scalar work it saves.
+  // The CSC pass is backward_row for every head layout: a transposed pass
+  // (an entry's scalar work in one lane) measured slower for GATv2 when its
+  // CSC pass rebuilt z (43.5 against 41.0 ms, products-like float32); with
+  // the record its per-entry work is two gradient terms per channel.
   static constexpr bool kTransposedDot = false;
   static constexpr int kTransposedMinBlocks = 0;  // (no transposed pass)
   static constexpr int kStepDivisor = 1;
@@ -219,10 +221,39 @@ struct Gatv2Score {
     return part;
   }
 
-  __device__ __forceinline__ acc_t logit(const Params& p, int k, bool, const Entry& en,
-                                         const Vec<scalar_t, V>& xv, unsigned mask) const {
+  // The signs of this lane's V channels of z at their place in the head's
+  // word (channel c0 = q * V on), OR-ed over the lanes that share the word:
+  // every lane of the group calls it.
+  static __device__ __forceinline__ uint32_t sign_word(const acc_t (&z)[V], int c0, int S,
+                                                       unsigned mask) {
+    uint32_t sign = 0;
+#pragma unroll
+    for (int v = 0; v < V; ++v) sign |= (z[v] > acc_t(0) ? 1u : 0u) << v;
+    sign <<= (c0 & 31);
+    const int word_lanes = S < 32 / V ? S : 32 / V;  // lanes sharing a word
+    for (int off = 1; off < word_lanes; off <<= 1) sign |= __shfl_xor_sync(mask, sign, off);
+    return sign;
+  }
+
+  // With p.logits set (a forward whose backward reads the record), entry e's
+  // logit and signs go to the record: lane q = 0 of the head writes the
+  // logit, the first lane of each word the word. (Lane q of a head and the
+  // head of vector k, as RowLanes lays them out.)
+  __device__ __forceinline__ acc_t logit(const Params& p, int k, bool use, const Entry& en,
+                                         const Vec<scalar_t, V>& xv, unsigned mask,
+                                         int64_t e) const {
     acc_t z[V];
-    return lanes_sum(lane_logit(p, at[k], xv, xr[k], en.ef, z), p.S, mask);
+    const acc_t l = lanes_sum(lane_logit(p, at[k], xv, xr[k], en.ef, z), p.S, mask);
+    if (p.logits != nullptr) {  // uniform
+      const int lane = threadIdx.x & (p.G - 1), c0 = (lane & (p.S - 1)) * V;
+      const uint32_t sign = sign_word(z, c0, p.S, mask);
+      if (use) {
+        const int64_t eh = e * p.H + ((lane + p.G * k) >> p.log2S);
+        if (c0 == 0) p.logits[eh] = l;
+        if ((c0 & 31) == 0) p.bits[eh * p.W + (c0 >> 5)] = sign;
+      }
+    }
+    return l;
   }
   __device__ __forceinline__ void aggregate(const Params&, acc_t (&acc)[V], acc_t w,
                                             const Vec<scalar_t, V>& xv, const Entry&) const {
@@ -237,56 +268,55 @@ struct Gatv2Score {
 
   __device__ __forceinline__ void load_source(const Params&, int64_t, const Lanes&) {}
 
-  // x_r[i] of the entry, loaded with grad_out[i]. e_feat[e] is loaded where
-  // it is used (backward): kept in flight it held V registers per entry of
-  // the step even without edge features, and spilled.
+  // The entry's record, loaded with grad_out[i]: its logit and the word of
+  // its signs that holds this lane's channels (by edge id: a sector per
+  // entry and array). No x_r[i] gather and no z: x_r[i]'s share of grad_att
+  // is the destination pass's. A plain load: the logit gradient may be
+  // written in the logit's place (p.grad_z == p.logits), by this lane,
+  // after this load. e_feat[e] is loaded where it is used (backward).
   struct BEntry {
-    Vec<scalar_t, V> xr;
+    acc_t l;
+    uint32_t word;
   };
   __device__ __forceinline__ BEntry load_bentry(const Params& p, const Lanes& m, int k, bool use,
-                                                index_t i, index_t) const {
-    return {load_vec_if<scalar_t, V>(use, p.x_dst + static_cast<int64_t>(i) * p.HD + m.feat[k])};
+                                                index_t, index_t e) const {
+    const int64_t eh = static_cast<int64_t>(e) * p.H + m.head[k];
+    const int c0 = (threadIdx.x & (p.S - 1)) * V;
+    BEntry be;
+    be.l = use ? p.logits[eh] : acc_t(0);
+    be.word = RawLoad<4>::load(use, p.bits + eh * p.W + (c0 >> 5));
+    return be;
   }
 
-  // With w = alpha * m and the logit gradient gl = alpha * (m * dot - dl):
-  // acc += w * grad_out[i] + gl * att * leaky_relu'(z) (grad_x_l[j]),
-  // ga_range += gl * leaky_relu(z), grad_e_feat[e] = gl * att * leaky_relu'(z); gl
-  // goes to grad_z[zi, h] and the signs of z to bits[zi, h], for the
-  // destination pass (gatv2_dst_rows_kernel), which needs no gather.
+  // With w = alpha * m, the logit gradient gl = alpha * (m * dot - dl) and
+  // s = leaky_relu'(z) per channel (from the record's signs):
+  // acc += w * grad_out[i] + gl * s * att (grad_x_l[j]),
+  // ga_range += gl * s * (x_l[j] + e_feat[e]) (leaky_relu(z) = s * z; x_r[i]'s
+  // term is the destination pass's), grad_e_feat[e] = gl * s * att; gl goes
+  // to grad_z[e, h] for the destination pass (gatv2_dst_rows_kernel).
   __device__ __forceinline__ void backward(const Params& p, const Lanes& m, int k, bool use, int q,
-                                           unsigned mask, acc_t dot, acc_t mk,
+                                           unsigned, acc_t dot, acc_t mk,
                                            const Vec<scalar_t, V>& gv, const Vec<scalar_t, V>& xj,
                                            const RowAux<acc_t>& ax, const BEntry& be,
-                                           acc_t (&acc)[V], int64_t zi, int64_t e) {
-    acc_t r[V], z[V];
-    widen(be.xr, r);
-    const auto ef = load_vec_if<scalar_t, V>(use && p.e_feat != nullptr,
-                                             p.e_feat + e * p.HD + m.feat[k]);
-    const acc_t l = lanes_sum(lane_logit(p, at[k], xj, r, ef, z), p.S, mask);
-    // The signs of this lane's V channels, at their place in the head's word.
-    uint32_t sign = 0;
-#pragma unroll
-    for (int v = 0; v < V; ++v) sign |= (z[v] > acc_t(0) ? 1u : 0u) << v;
-    const int c0 = q * V;
-    sign <<= (c0 & 31);
-    const int word_lanes = p.S < 32 / V ? p.S : 32 / V;  // lanes sharing a word
-    for (int off = 1; off < word_lanes; off <<= 1) sign |= __shfl_xor_sync(mask, sign, off);
+                                           acc_t (&acc)[V], int64_t, int64_t e) {
     if (!use) return;
-    const acc_t alpha = exp_(l - ax.lse);
+    const uint32_t sign = be.word >> ((q * V) & 31);
+    const acc_t alpha = exp_(be.l - ax.lse);
     const acc_t w = alpha * mk;
     const acc_t gl = alpha * (mk * dot - ax.dl);
-    acc_t gw[V], gz[V];
+    const auto ef = load_vec_if<scalar_t, V>(p.e_feat != nullptr, p.e_feat + e * p.HD + m.feat[k]);
+    acc_t gw[V], xw[V], ew[V], gz[V];
     widen(gv, gw);
+    widen(xj, xw);
+    widen(ef, ew);
 #pragma unroll
     for (int v = 0; v < V; ++v) {
-      const bool pos = z[v] > acc_t(0);
-      gz[v] = gl * at[k][v] * (pos ? acc_t(1) : p.negative_slope);
+      const acc_t gs = gl * ((sign >> v) & 1u ? acc_t(1) : p.negative_slope);
+      gz[v] = gs * at[k][v];
       acc[v] += w * gw[v] + gz[v];
-      ga_range[k][v] += gl * (pos ? z[v] : z[v] * p.negative_slope);
+      ga_range[k][v] += gs * (xw[v] + ew[v]);
     }
-    const int64_t zh = zi * p.H + m.head[k];
-    if (q == 0) p.grad_z[zh] = gl;
-    if ((c0 & 31) == 0) p.bits[zh * p.W + (c0 >> 5)] = sign;
+    if (q == 0) p.grad_z[e * p.H + m.head[k]] = gl;
     if (p.grad_e_feat != nullptr) store_vec<scalar_t, V>(p.grad_e_feat + e * p.HD + m.feat[k], gz);
   }
 
@@ -356,7 +386,7 @@ struct TransformerScore {
   }
 
   __device__ __forceinline__ acc_t logit(const Params& p, int k, bool, const Entry& en,
-                                         const Vec<scalar_t, V>&, unsigned mask) const {
+                                         const Vec<scalar_t, V>&, unsigned mask, int64_t) const {
     acc_t kw[V];
     widen(en.kv, kw);
     return lanes_sum(lane_dot(xq[k], kw, en.ef), p.S, mask) * p.score_scale;
