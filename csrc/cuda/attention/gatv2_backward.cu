@@ -89,10 +89,12 @@ __global__ void __launch_bounds__(kBackwardThreads)
           for (int v = 0; v < V; ++v)
             t[k][v] += gl[u][k] * ((bits[u][k] >> (shift + v)) & 1u ? acc_t(1) : p.negative_slope);
     }
+    // (a row without entries adds nothing, not even a non-finite x_r[i] * 0)
 #pragma unroll
     for (int k = 0; k < VPL; ++k) {
-      const auto x = m.valid[k] ? load_vec<scalar_t, V>(p.x_dst + r * p.HD + m.feat[k])
-                                : zero_vec<scalar_t, V>();
+      const auto x = m.valid[k] && hi > lo
+                         ? load_vec<scalar_t, V>(p.x_dst + r * p.HD + m.feat[k])
+                         : zero_vec<scalar_t, V>();
       acc_t xw[V];
       widen(x, xw);
 #pragma unroll
