@@ -106,6 +106,9 @@ GATV2=(
   "$V::test_backward_matches_reference[25x25-E60-H2-D33-f16-i32-dropout-no_csc-gatv2-cuda]"
   "$V::test_heads_and_channels[3-48-float32-gatv2-cuda]"
   "$V::test_heads_and_channels[1-7-bfloat16-gatv2-cuda]"
+  "$V::test_gatv2_record_matches_reference[2-100-float32-cuda]"
+  "$V::test_gatv2_backward_over_the_record[8x50-E400-H3-D16-hub-p0.5-cuda]"
+  "$V::test_gatv2_retained_graph_keeps_the_record[cuda]"
 )
 # The TransformerConv kernels (TransformerScore on the skeleton, its
 # transposed CSC pass, the destination pass that gathers the keys): the same
