@@ -424,9 +424,10 @@ class ChannelAttention : public torch::autograd::Function<ChannelAttention<Op>> 
     Tensor out, lse, rec0, rec1;
     ctx->set_materialize_grads(false);  // (see materialize_grads_note)
     {
-      // A record for the backward only where there will be one.
+      // A record only for a backward that will read it (not a bias's
+      // gradient alone: a sum of grad_out).
       bool record = false;
-      for (const OptTensor* t : {&a, &b, &c, &d, &bias})
+      for (const OptTensor* t : {&a, &b, &c, &d})
         record = record || (t->has_value() && (*t)->defined() && (*t)->requires_grad());
       at::AutoDispatchBelowADInplaceOrView guard;
       std::tie(out, lse, rec0, rec1) = Op::forward(rowptr, col, a, b, c, d, factor, dropout_p,
