@@ -198,12 +198,13 @@ def bench_dtype(g, csc, dtype, device, ncu, profile=False, check=True, only=()):
     if spmm_inv:  # the spmm backward's grad_weight through perm_inv
         calls["spmm_bwd_inv"] = lambda: _ops.multihead_spmm_backward_csc(
             colptr, row, perm, w, x, grad, perm_inv)
-    if ncu:
-        for fn in calls.values():
+    if ncu:  # (only: the profiled calls)
+        profiled = [fn for key, fn in calls.items() if not only or key in only]
+        for fn in profiled:
             fn()
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStart()
-        for fn in calls.values():
+        for fn in profiled:
             fn()
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStop()
@@ -265,7 +266,8 @@ def main() -> None:
                         help="time even when a result is off its float64 reference")
     parser.add_argument("--out", default=None)
     parser.add_argument("--calls", default="",
-                        help="time only these calls (comma-separated; all are still checked)")
+                        help="time (with --ncu: profile) only these calls (comma-separated; "
+                        "all are still checked)")
     args = parser.parse_args()
     device = torch.device(args.device)
     index_dtype = getattr(torch, args.index_dtype)
