@@ -394,10 +394,15 @@ std::tuple<at::Tensor, at::Tensor> per_channel_forward(
 
 // GATv2's record of the forward (_gatv2_attention_record): logits [E, H] in
 // the accumulation dtype and signs [E, H, ceil(D / 32)] int32, by edge id.
+// The kernel writes the bytes of the words that hold channels (0 bits for
+// those past D in them); the others, past ceil(D / 8) bytes, are zeroed here.
 std::pair<at::Tensor, at::Tensor> gatv2_record_buffers(const GatShape& s, const at::Tensor& x_l) {
   const auto acc_dtype = at::toOpMathType(x_l.scalar_type());
+  const int64_t W = (s.D + 31) / 32;
+  const auto sign_options = x_l.options().dtype(at::kInt);
   return {at::empty({s.E, s.H}, x_l.options().dtype(acc_dtype)),
-          at::empty({s.E, s.H, (s.D + 31) / 32}, x_l.options().dtype(at::kInt))};
+          (s.D + 7) / 8 < 4 * W ? at::zeros({s.E, s.H, W}, sign_options)
+                                : at::empty({s.E, s.H, W}, sign_options)};
 }
 
 // The GATv2 forward (s: checked), with its record written into `record`

@@ -221,24 +221,31 @@ struct Gatv2Score {
     return part;
   }
 
-  // The signs of this lane's V channels of z at their place in the head's
-  // word (channel c0 = q * V on), OR-ed over the lanes that share the word:
-  // every lane of the group calls it.
-  static __device__ __forceinline__ uint32_t sign_word(const acc_t (&z)[V], int c0, int S,
+  // The signs of this lane's V channels of z (channels c0 .. c0 + V - 1,
+  // c0 = q * V) at their place in their byte of the head's word, OR-ed over
+  // the lanes that share the byte (V < 8: one shuffle for float32, two for
+  // float64, none for 16-bit types); every lane of the group calls it. Each
+  // byte is then stored by its first lane: an OR over all the lanes of a
+  // word (a runtime-bounded butterfly, or one redux.sync) put its latency on
+  // every entry and made the record cost half the forward.
+  static __device__ __forceinline__ uint32_t sign_byte(const acc_t (&z)[V], int c0, int S,
                                                        unsigned mask) {
     uint32_t sign = 0;
 #pragma unroll
     for (int v = 0; v < V; ++v) sign |= (z[v] > acc_t(0) ? 1u : 0u) << v;
-    sign <<= (c0 & 31);
-    const int word_lanes = S < 32 / V ? S : 32 / V;  // lanes sharing a word
-    for (int off = 1; off < word_lanes; off <<= 1) sign |= __shfl_xor_sync(mask, sign, off);
+    sign <<= (c0 & 7);
+#pragma unroll
+    for (int off = 1; off < 8 / V; off <<= 1)
+      if (off < S) sign |= __shfl_xor_sync(mask, sign, off);  // (uniform)
     return sign;
   }
 
   // With p.logits set (a forward whose backward reads the record), entry e's
   // logit and signs go to the record: lane q = 0 of the head writes the
-  // logit, the first lane of each word the word. (Lane q of a head and the
-  // head of vector k, as RowLanes lays them out.)
+  // logit, the first lane of each byte of its words the byte, as predicated
+  // stores (no divergent branch per entry). (Lane q of a head and the head
+  // of vector k, as RowLanes lays them out; little-endian words: channel c
+  // is bit c & 7 of byte (c & 31) >> 3 of word c >> 5.)
   __device__ __forceinline__ acc_t logit(const Params& p, int k, bool use, const Entry& en,
                                          const Vec<scalar_t, V>& xv, unsigned mask,
                                          int64_t e) const {
@@ -246,12 +253,12 @@ struct Gatv2Score {
     const acc_t l = lanes_sum(lane_logit(p, at[k], xv, xr[k], en.ef, z), p.S, mask);
     if (p.logits != nullptr) {  // uniform
       const int lane = threadIdx.x & (p.G - 1), c0 = (lane & (p.S - 1)) * V;
-      const uint32_t sign = sign_word(z, c0, p.S, mask);
-      if (use) {
-        const int64_t eh = e * p.H + ((lane + p.G * k) >> p.log2S);
-        if (c0 == 0) p.logits[eh] = l;
-        if ((c0 & 31) == 0) p.bits[eh * p.W + (c0 >> 5)] = sign;
-      }
+      const uint32_t sign = sign_byte(z, c0, p.S, mask);
+      const int64_t eh = e * p.H + ((lane + p.G * k) >> p.log2S);
+      store_if(use && c0 == 0, p.logits + eh, l);
+      store_if(use && (c0 & 7) == 0,
+               reinterpret_cast<uint8_t*>(p.bits + eh * p.W + (c0 >> 5)) + ((c0 & 31) >> 3),
+               static_cast<uint8_t>(sign));
     }
     return l;
   }

@@ -212,6 +212,32 @@ __device__ __forceinline__ void store_once(T* p, const T& v) {
   }
 }
 
+// `if (pred) *p = v` for a 1-, 4- or 8-byte value as one predicated
+// st.global.cs (inline PTX), with no branch: written as an `if`, nvcc makes
+// a divergent branch of each of the GATv2 record's per-entry stores (each
+// written by one lane of several).
+template <typename T>
+__device__ __forceinline__ void store_if(bool pred, T* p, T v) {
+  static_assert(sizeof(T) == 1 || sizeof(T) == 4 || sizeof(T) == 8, "1-, 4- or 8-byte values");
+  if constexpr (sizeof(T) == 1) {
+    asm volatile(
+        "{\n .reg .pred q;\n setp.ne.b32 q, %2, 0;\n @q st.global.cs.u8 [%0], %1;\n}\n"
+        :
+        : "l"(p), "h"(static_cast<unsigned short>(*reinterpret_cast<const uint8_t*>(&v))),
+          "r"(static_cast<int>(pred)));
+  } else if constexpr (sizeof(T) == 4) {
+    asm volatile(
+        "{\n .reg .pred q;\n setp.ne.b32 q, %2, 0;\n @q st.global.cs.b32 [%0], %1;\n}\n"
+        :
+        : "l"(p), "r"(*reinterpret_cast<const uint32_t*>(&v)), "r"(static_cast<int>(pred)));
+  } else {
+    asm volatile(
+        "{\n .reg .pred q;\n setp.ne.b32 q, %2, 0;\n @q st.global.cs.b64 [%0], %1;\n}\n"
+        :
+        : "l"(p), "l"(*reinterpret_cast<const uint64_t*>(&v)), "r"(static_cast<int>(pred)));
+  }
+}
+
 template <typename scalar_t, int V, typename acc_t>
 __device__ __forceinline__ void store_vec(scalar_t* p, const acc_t (&a)[V]) {
   Vec<scalar_t, V> v;
