@@ -422,7 +422,8 @@ template <template <typename, typename, int, int> class ScoreT, typename scalar_
 __global__ void __launch_bounds__(kBackwardThreads,
                                   backward_min_blocks<
                                       scalar_t, VPL, kS, ScoreT<scalar_t, index_t, V, VPL>::kScalar,
-                                      ScoreT<scalar_t, index_t, V, VPL>::kTransposedMinBlocks>())
+                                      ScoreT<scalar_t, index_t, V, VPL>::kTransposedMinBlocks,
+                                      ScoreT<scalar_t, index_t, V, VPL>::kRowMinBlocks>())
     attention_backward_rows_kernel(const AttentionParams<scalar_t, index_t> p,
                                    const SliceList sl) {
   using acc_t = at::opmath_type<scalar_t>;

@@ -113,17 +113,26 @@ constexpr int kBackwardThreads = 128;
 // lost 1-2%.
 constexpr int kBackwardTransposedMinBlocksHalf = 5;
 
-// Policies other than GAT (kScalar false) keep more per entry (GATv2: x_r[i]
-// besides grad_out[i]) and per lane (att, the grad_att sums): 128 registers
-// at one vector per lane (float32; 2-byte types, which widen eight channels
-// per vector, 168: at 128 GATv2's spilled 228-336 bytes), 255 at two, one
-// block at four. The transformer's transposed pass takes kDotBlocks (its
+// Policies other than GAT (kScalar false) keep more per entry and per lane
+// (att, the grad_att sums). Their per-lane CSC pass at one vector per lane
+// takes kRowBlocks blocks in float32 and one fewer in 2-byte types, which
+// widen eight channels per vector (the policy's kRowMinBlocks): GATv2, whose
+// entry is the record's logit and sign word, 5 and 4 (96 and 128 registers,
+// 52 and 8 bytes of spill: 6-12% off its backward on the H200 against 4 and
+// 3); the transformer 4 and 3 (at 96 registers its float32 pass spilled 260
+// bytes and lost 9-14%). 255 registers at two vectors, one block at four;
+// float64 4. The transformer's transposed pass takes kDotBlocks (its
 // kTransposedMinBlocks: 4, 128 registers without spills in float32) and 3 in
 // 2-byte types (at 128 registers it spilled 430-610 bytes).
-template <typename scalar_t, int VPL, int kS, bool kScalar = true, int kDotBlocks = 4>
+template <typename scalar_t, int VPL, int kS, bool kScalar = true, int kDotBlocks = 4,
+          int kRowBlocks = 4>
 constexpr int backward_min_blocks() {
   if (!kScalar && kS != 0) return sizeof(scalar_t) == 2 ? 3 : kDotBlocks;
-  if (!kScalar) return VPL >= 4 ? 1 : (VPL == 2 ? 2 : (sizeof(scalar_t) == 2 ? 3 : 4));
+  if (!kScalar) {
+    if (VPL >= 4) return 1;
+    if (VPL == 2) return 2;
+    return sizeof(scalar_t) == 2 ? kRowBlocks - 1 : (sizeof(scalar_t) == 4 ? kRowBlocks : 4);
+  }
   if (kS != 0) return sizeof(scalar_t) == 2 ? kBackwardTransposedMinBlocksHalf : 4;
   return VPL >= 4 ? 1 : (VPL == 1 && sizeof(scalar_t) == 4 ? 5 : 4);
 }

@@ -74,6 +74,7 @@ struct GatScore {
   static constexpr bool kScalar = true;
   static constexpr bool kTransposedDot = false;  // (its own transposed pass)
   static constexpr int kTransposedMinBlocks = 4;
+  static constexpr int kRowMinBlocks = 0;  // (scalar scores: backward_min_blocks's own)
   static constexpr int kStepDivisor = 1;
 
   acc_t sd[VPL];  // s_dst of the row's heads
@@ -172,6 +173,7 @@ struct Gatv2Score {
   // the record its per-entry work is two gradient terms per channel.
   static constexpr bool kTransposedDot = false;
   static constexpr int kTransposedMinBlocks = 0;  // (no transposed pass)
+  static constexpr int kRowMinBlocks = 5;  // (backward_min_blocks)
   static constexpr int kStepDivisor = 1;
 
   acc_t at[VPL][V];  // this lane's channels of att (0 for padding lanes)
@@ -468,6 +470,7 @@ struct TransformerScore {
   // so both passes give the same bits.
   static constexpr bool kTransposedDot = true;
   static constexpr int kTransposedMinBlocks = 4;
+  static constexpr int kRowMinBlocks = 4;  // (backward_min_blocks)
   static constexpr bool kEdgeDot = true;  // dot += <grad_out[i], e_feat[e]>
   __device__ __forceinline__ acc_t logit_part(const Params&, int k, const BEntry& be,
                                               const Vec<scalar_t, V>&) const {
