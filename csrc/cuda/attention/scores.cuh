@@ -256,10 +256,19 @@ struct Gatv2Score {
     if (p.logits != nullptr) {  // uniform
       const int lane = threadIdx.x & (p.G - 1), c0 = (lane & (p.S - 1)) * V;
       const uint32_t sign = sign_byte(z, c0, p.S, mask);
-      const int64_t eh = e * p.H + ((lane + p.G * k) >> p.log2S);
-      store_if(use && c0 == 0, p.logits + eh, l);
+      const int head = (lane + p.G * k) >> p.log2S;
+      // Entry e's records at e times their per-entry strides from this
+      // lane's places in entry 0's: one wide multiply-add each (e < 2^31
+      // with int32 indices, whose rowptr holds E).
+      const uint64_t eo = sizeof(index_t) == 4 ? static_cast<uint32_t>(e)
+                                               : static_cast<uint64_t>(e);
+      auto* logit_at = reinterpret_cast<char*>(p.logits + head);
+      auto* byte_at = reinterpret_cast<char*>(p.bits + head * p.W + (c0 >> 5)) + ((c0 & 31) >> 3);
+      store_if(use && c0 == 0,
+               reinterpret_cast<acc_t*>(logit_at + eo * static_cast<uint32_t>(p.H * sizeof(acc_t))),
+               l);
       store_if(use && (c0 & 7) == 0,
-               reinterpret_cast<uint8_t*>(p.bits + eh * p.W + (c0 >> 5)) + ((c0 & 31) >> 3),
+               reinterpret_cast<uint8_t*>(byte_at + eo * static_cast<uint32_t>(p.H * p.W * 4)),
                static_cast<uint8_t>(sign));
     }
     return l;
