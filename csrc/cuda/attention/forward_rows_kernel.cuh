@@ -95,34 +95,37 @@ __device__ __forceinline__ void row_stats_heads(const AttentionParams<scalar_t, 
 }
 
 // One step's loads and logits for this lane's heads, shared by both forward
-// paths: entries e0..e0+U-1 (none past hi or out of range: ok[u] false),
-// their x vectors, then their logits (score.logit: after the score's
-// nonlinearity), stored as out[u][k] = finish(use, logit). Every load is
-// predicated, with no branch in between (see load_vec_if), and all of a
-// step's loads come before its arithmetic.
+// paths: entries e0..e0+U-1, of which the first `left` are the row's (none
+// past it or out of range: ok[u] false), their x vectors, then their logits
+// (score.logit: after the score's nonlinearity), stored as out[u][k] =
+// finish(use, logit). Every load is predicated, with no branch in between
+// (see load_vec_if), and all of a step's loads come before its arithmetic.
+// Entry tests in the index's width (EntryOffset, IndexBound) and row
+// addresses by row_at: with 32-bit indices one compare and one IMAD.WIDE
+// each instead of 64-bit arithmetic (utils/index.cuh).
 template <int U, class Score, typename scalar_t, typename index_t, int V, int VPL,
           typename Finish>
 __device__ __forceinline__ void load_attend_step(bool (&ok)[U], Vec<scalar_t, V> (&xv)[U][VPL],
                                                  typename Score::Entry (&en)[U][VPL],
                                                  at::opmath_type<scalar_t> (&out)[U][VPL],
                                                  const AttentionParams<scalar_t, index_t>& p,
-                                                 int64_t e0, int64_t hi,
+                                                 int64_t e0, EntryOffset<index_t> left,
                                                  const RowLanes<V, VPL>& m, const Score& score,
                                                  unsigned mask, Finish&& finish) {
   index_t j[U];
+  const IndexBound<index_t> gathered_ok(p.num_gathered);
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    const bool inside = e0 + u < hi;
+    const bool inside = u < left;
     j[u] = load_index_if(inside, p.idx + e0 + u);
-    ok[u] = inside && in_range(j[u], p.num_gathered);
+    ok[u] = inside && gathered_ok(j[u]);
   }
 #pragma unroll
   for (int u = 0; u < U; ++u)
 #pragma unroll
     for (int k = 0; k < VPL; ++k) {
       const bool use = ok[u] && m.valid[k];
-      xv[u][k] =
-          load_vec_if<scalar_t, V>(use, p.x + static_cast<int64_t>(j[u]) * p.HD + m.feat[k]);
+      xv[u][k] = load_vec_if<scalar_t, V>(use, row_at(p.x, j[u], p.HD) + m.feat[k]);
       en[u][k] = score.load_entry(p, m, k, use, j[u], e0 + u);
       // scalar scores: no shuffle, the logit right after its loads
       if constexpr (Score::kScalar)
@@ -155,18 +158,19 @@ __device__ __forceinline__ void attend_heads(at::opmath_type<scalar_t> (&acc)[VP
 #pragma unroll
     for (int v = 0; v < V; ++v) acc[k][v] = 0;
   for (int64_t e0 = lo; e0 < hi; e0 += U) {
+    const auto left = static_cast<EntryOffset<index_t>>(hi - e0);  // > 0
     bool ok[U];
     Vec<scalar_t, V> xv[U][VPL];
     typename Score::Entry en[U][VPL];
     acc_t l[U][VPL];
-    load_attend_step<U>(ok, xv, en, l, p, e0, hi, m, score, mask,
+    load_attend_step<U>(ok, xv, en, l, p, e0, left, m, score, mask,
                         [](bool, acc_t lk) { return lk; });
     unsigned keep[VPL];
     if (p.rng.threshold != 0)
       draw_keep_bits<U, VPL, index_t>(keep, p.rng, nullptr, e0, hi, q, p.log2S, m.head);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      if (e0 + u >= hi) break;  // group-uniform
+      if (u >= left) break;  // group-uniform
 #pragma unroll
       for (int k = 0; k < VPL; ++k) {
         const acc_t mk = p.rng.threshold != 0
@@ -267,11 +271,12 @@ __device__ __forceinline__ void attend_heads_online(at::opmath_type<scalar_t> (&
     for (int v = 0; v < V; ++v) acc[k][v] = 0;
   }
   for (int64_t e0 = lo; e0 < hi; e0 += U) {
+    const auto left = static_cast<EntryOffset<index_t>>(hi - e0);  // > 0
     bool ok[U];
     Vec<scalar_t, V> xv[U][VPL];
     typename Score::Entry en[U][VPL];
     acc_t l[U][VPL];
-    load_attend_step<U>(ok, xv, en, l, p, e0, hi, m, score, mask, [&](bool use, acc_t lk) {
+    load_attend_step<U>(ok, xv, en, l, p, e0, left, m, score, mask, [&](bool use, acc_t lk) {
       return use ? lk * scale : -std::numeric_limits<acc_t>::infinity();
     });
     unsigned keep[VPL];
@@ -295,7 +300,7 @@ __device__ __forceinline__ void attend_heads_online(at::opmath_type<scalar_t> (&
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      if (e0 + u >= hi) break;  // group-uniform
+      if (u >= left) break;  // group-uniform
 #pragma unroll
       for (int k = 0; k < VPL; ++k) {
         const acc_t mk = p.rng.threshold != 0
