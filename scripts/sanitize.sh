@@ -96,7 +96,8 @@ GAT=(
 # The GATv2 kernels (Gatv2Score on the skeleton, the destination pass): a
 # hub row (block-wide forward), every source a long CSC column (sliced CSC
 # pass), padded heads (48 channels on 16 lanes, 7 channels copied to 8),
-# edge features, dropout, bias and perm_inv.
+# edge features, dropout, bias and perm_inv, the record, and the transposed
+# forward (heads of 8 and 4 lanes, a padded head of 6 vectors in 8).
 V=tests/test_channel_attention.py
 GATV2=(
   "$V::test_forward_matches_reference[8x50-E400-H8-D64-hub-float32-int32-e_feat-p0.5-gatv2-cuda]"
@@ -109,6 +110,9 @@ GATV2=(
   "$V::test_gatv2_record_matches_reference[2-100-float32-cuda]"
   "$V::test_gatv2_backward_over_the_record[8x50-E400-H3-D16-hub-p0.5-cuda]"
   "$V::test_gatv2_retained_graph_keeps_the_record[cuda]"
+  "$V::test_forward_both_layouts[H4-D32-float32-int32-gatv2]"
+  "$V::test_forward_both_layouts[H4-D32-bfloat16-int64-gatv2]"
+  "$V::test_forward_both_layouts[H3-D24-float32-int32-gatv2]"
 )
 # The TransformerConv kernels (TransformerScore on the skeleton, its
 # transposed CSC pass, the destination pass that gathers the keys): the same
@@ -124,6 +128,8 @@ TRANSFORMER=(
   "$V::test_backward_both_layouts[H4-D32-float32-int32-transformer]"
   "$V::test_backward_both_layouts[H3-D24-float32-int64-transformer]"
   "$V::test_backward_both_layouts[H4-D32-bfloat16-int32-transformer]"
+  "$V::test_forward_both_layouts[H4-D32-float32-int32-transformer]"
+  "$V::test_forward_both_layouts[H2-D32-float16-int64-transformer]"
 )
 # Gradient donation: the transformer's and GATv2's backward kernels writing
 # gradients into buffers that are their own inputs (the output, the query,

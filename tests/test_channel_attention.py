@@ -559,6 +559,36 @@ def test_backward_both_layouts(heads, channels, dtype, index_dtype, op):
             assert torch.equal(a, b), f"grad {name} differs between the layouts"
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("op", [GATV2, TRANSFORMER], ids=repr)
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("heads,channels,dtype", TRANSPOSED_LAYOUTS,
+                         ids=[f"H{h}-D{c}-{dtype_id(d)}" for h, c, d in TRANSPOSED_LAYOUTS])
+def test_forward_both_layouts(heads, channels, dtype, index_dtype, op):
+    """The online forward with an entry's scalar work in one lane of its head
+    (the default for heads of 4 or 8 lanes at one vector per lane: one
+    transposing butterfly sums a step's logits) or in every lane
+    (force_kernel_path(transposed=0)): with edge features, dropout and bias,
+    on a graph with a hub (block-wide rows), both match the float64
+    reference and agree bit for bit, GATv2's record included."""
+    from pyg_multihead_agg._testing import force_kernel_path
+    case = (40, 12, 900, heads, channels, True)
+    inp = make_inputs(op, case, dtype, index_dtype, "cuda", seed=heads * 100 + channels,
+                      with_edge=True, with_bias=True)
+    kw = dict(dropout=0.3, philox=PHILOX.clone())
+    got = []
+    for layout in (0, 1):
+        with force_kernel_path(transposed=layout):
+            check_forward(inp, dtype, **kw)
+            results = list(run_op(inp, **kw))
+            if op is GATV2:
+                fwd, _ = _gatv2_calls(inp, dropout=0.3)
+                results += list(ops._gatv2_attention_record(*fwd))
+            got.append(results)
+    for k, (a, b) in enumerate(zip(*got, strict=True)):
+        assert torch.equal(a, b), f"output {k} differs between the layouts"
+
+
 # ---------------------------------------------------------------------------
 # GATv2's record: the training forward's logits and signs, which the CUDA
 # backward reads instead of rebuilding z from x_r[i]

@@ -94,17 +94,17 @@ __device__ __forceinline__ void row_stats_heads(const AttentionParams<scalar_t, 
   }
 }
 
-// One step's loads and logits for this lane's heads, shared by both forward
+// One step's loads and logits for this lane's heads, shared by the forward
 // paths: entries e0..e0+U-1, of which the first `left` are the row's (none
 // past it or out of range: ok[u] false), their x vectors, then their logits
 // (score.logit: after the score's nonlinearity), stored as out[u][k] =
-// finish(use, logit). Every load is predicated, with no branch in between
+// finish(use, logit) (kLoadsOnly, policies other than GAT: only the loads). Every load is predicated, with no branch in between
 // (see load_vec_if), and all of a step's loads come before its arithmetic.
 // Entry tests in the index's width (EntryOffset, IndexBound) and row
 // addresses by row_at: with 32-bit indices one compare and one IMAD.WIDE
 // each instead of 64-bit arithmetic (utils/index.cuh).
-template <int U, class Score, typename scalar_t, typename index_t, int V, int VPL,
-          typename Finish>
+template <int U, class Score, bool kLoadsOnly = false, typename scalar_t, typename index_t,
+          int V, int VPL, typename Finish>
 __device__ __forceinline__ void load_attend_step(bool (&ok)[U], Vec<scalar_t, V> (&xv)[U][VPL],
                                                  typename Score::Entry (&en)[U][VPL],
                                                  at::opmath_type<scalar_t> (&out)[U][VPL],
@@ -131,7 +131,7 @@ __device__ __forceinline__ void load_attend_step(bool (&ok)[U], Vec<scalar_t, V>
       if constexpr (Score::kScalar)
         out[u][k] = finish(use, score.logit(p, k, use, en[u][k], xv[u][k], mask, e0 + u));
     }
-  if constexpr (!Score::kScalar) {
+  if constexpr (!Score::kScalar && !kLoadsOnly) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
@@ -316,6 +316,156 @@ __device__ __forceinline__ void attend_heads_online(at::opmath_type<scalar_t> (&
   }
 }
 
+// The head sums of U parts over the kS lanes of a head, transposed (kS and
+// U powers of two): at each of the first min(log2 kS, log2 U) levels of
+// lanes_sum's butterfly (offsets kS / 2, kS / 4, ...) a lane keeps the half
+// of its values whose top entry bit is its lane bit of the offset and adds
+// its partner's value of the same entry; the levels after those are
+// lanes_sum's own. Each level adds the same two subtree sums as lanes_sum
+// (a + b = b + a, exactly), so every head sum is lanes_sum's, bit for bit,
+// with U / 2 + U / 4 + ... shuffles a step instead of log2 kS per entry.
+// Lane q ends with kSlots = max(U / kS, 1) sums: slot t is entry
+// entry(q, t); entry u is in slot slot(u) of lane owner(u) (and, where kS >
+// U, of the kS / U lanes after it).
+template <int kS, int U>
+struct TransposedSum {
+  static constexpr int kL = kS == 8 ? 3 : (kS == 4 ? 2 : (kS == 2 ? 1 : 0));
+  static constexpr int kB = U == 8 ? 3 : (U == 4 ? 2 : (U == 2 ? 1 : 0));
+  static_assert((1 << kL) == kS && (1 << kB) == U, "powers of two up to 8");
+  static constexpr int kSlots = kB > kL ? U / kS : 1;
+  static constexpr int kDup = kB < kL ? kS / U : 1;  // lanes holding each entry
+  static __device__ __forceinline__ int entry(int q, int t) {
+    return kB <= kL ? q >> (kL - kB) : q * kSlots + t;
+  }
+  static constexpr int owner(int u) { return kB <= kL ? u << (kL - kB) : u / kSlots; }
+  static constexpr int slot(int u) { return kB <= kL ? 0 : u % kSlots; }
+
+  template <int kOff, int kN, typename acc_t>
+  static __device__ __forceinline__ void level(acc_t (&v)[U], int q, unsigned mask) {
+    if constexpr (kOff > 0) {
+      if constexpr (kN > 1) {
+        constexpr int kHalf = kN / 2;
+        const bool upper = (q & kOff) != 0;
+#pragma unroll
+        for (int t = 0; t < kHalf; ++t) {
+          const acc_t keep = upper ? v[t + kHalf] : v[t];
+          const acc_t send = upper ? v[t] : v[t + kHalf];
+          v[t] = keep + __shfl_xor_sync(mask, send, kOff);
+        }
+        level<kOff / 2, kHalf>(v, q, mask);
+      } else {
+        v[0] += __shfl_xor_sync(mask, v[0], kOff);
+        level<kOff / 2, 1>(v, q, mask);
+      }
+    }
+  }
+  // v[u]: this lane's part of entry u; afterwards v[t], t < kSlots: the sums
+  template <typename acc_t>
+  static __device__ __forceinline__ void sum(acc_t (&v)[U], int q, unsigned mask) {
+    level<kS / 2, U>(v, q, mask);
+  }
+};
+
+// attend_heads_online for policies other than GAT (their logit a sum over
+// the head's channels), one vector per lane and heads of kS = 4 or 8 lanes,
+// with each entry's scalar work done once instead of in all kS lanes of its
+// head: the step's parts go through one transposing butterfly
+// (TransposedSum), the lane that ends with an entry's logit records it (a
+// step's logits in one coalesced store), scales it and, once the head's
+// maximum is merged (a max butterfly per step), computes its weight (and
+// draws its dropout mask); the weights go back to the head's lanes with a
+// shuffle per entry (two with dropout). The same expressions in the same
+// order as attend_heads_online (the maximum is exact, sum and acc take the
+// weights in entry order), so out, lse and the record are bitwise its.
+template <int kS, class Score, typename scalar_t, typename index_t, int V>
+__device__ __forceinline__ void attend_heads_online_transposed(
+    at::opmath_type<scalar_t> (&acc)[1][V], at::opmath_type<scalar_t> (&mx)[1],
+    at::opmath_type<scalar_t> (&sum)[1], const AttentionParams<scalar_t, index_t>& p, int64_t lo,
+    int64_t hi, int q, unsigned mask, const RowLanes<V, 1>& m, const Score& score) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using Units = OnlineUnits<acc_t>;
+  constexpr int U = kLoadsInFlight / Score::kStepDivisor;
+  using TS = TransposedSum<kS, U>;
+  constexpr acc_t kNegInf = -std::numeric_limits<acc_t>::infinity();
+  const acc_t scale = Units::scale();
+  const int head_base = (threadIdx.x & 31) & ~(kS - 1);  // warp lane of the head's lane 0
+  const int h = m.head[0];
+  const bool records = h < p.H && (q & (TS::kDup - 1)) == 0;  // the first lane of an entry
+  const IndexBound<index_t> gathered_ok(p.num_gathered);
+  mx[0] = kNegInf;
+  sum[0] = 0;
+#pragma unroll
+  for (int v = 0; v < V; ++v) acc[0][v] = 0;
+  for (int64_t e0 = lo; e0 < hi; e0 += U) {
+    const auto left = static_cast<EntryOffset<index_t>>(hi - e0);  // > 0
+    bool ok[U];
+    Vec<scalar_t, V> xv[U][1];
+    typename Score::Entry en[U][1];
+    acc_t unused[U][1];
+    load_attend_step<U, Score, true>(ok, xv, en, unused, p, e0, left, m, score, mask,
+                                     [](bool, acc_t lk) { return lk; });
+    // this lane's parts of the step's logits and its sign bits of their z
+    // (entry u's at bit u * V of the step's words)
+    acc_t v[U];
+    uint32_t bits[Score::template kStepWords<U>] = {};
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      uint32_t b;
+      v[u] = score.lane_part_bits(p, 0, en[u][0], xv[u][0], b);
+      bits[(u * V) >> 5] |= b << ((u * V) & 31);
+    }
+    TS::sum(v, q, mask);
+    // this lane's entries: logit (recorded), scaled, the step's maximum
+    acc_t l[TS::kSlots], smax = kNegInf;
+    int ent[TS::kSlots];
+    int64_t et[TS::kSlots];
+    bool use[TS::kSlots];
+#pragma unroll
+    for (int t = 0; t < TS::kSlots; ++t) {
+      const int u = TS::entry(q, t);
+      ent[t] = u;
+      et[t] = e0 + u;
+      const index_t j = load_index_if(u < left, p.idx + et[t]);
+      use[t] = u < left && gathered_ok(j) && records;
+      const acc_t lt = Score::head_logit(p, v[t]);
+      score.record_logit(p, use[t], h, et[t], lt);
+      l[t] = u < left && gathered_ok(j) ? lt * scale : kNegInf;
+      smax = l[t] > smax ? l[t] : smax;  // (a NaN never wins)
+    }
+    score.template record_signs<kS, U, TS::kSlots>(p, bits, mask, head_base, h, ent, et, use);
+#pragma unroll
+    for (int off = kS / 2; off > 0; off >>= 1) {
+      const acc_t o = __shfl_xor_sync(mask, smax, off);
+      smax = o > smax ? o : smax;
+    }
+    if (smax > mx[0]) {
+      const acc_t c = online_shift(mx[0], smax);
+      sum[0] *= c;
+#pragma unroll
+      for (int v2 = 0; v2 < V; ++v2) acc[0][v2] *= c;
+      mx[0] = smax;
+    }
+    acc_t w[TS::kSlots], wm[TS::kSlots];
+#pragma unroll
+    for (int t = 0; t < TS::kSlots; ++t) {
+      w[t] = online_shift(l[t], mx[0]);
+      acc_t mk = 1;
+      if (p.rng.threshold != 0) mk = p.rng.keep(et[t], h) ? p.scale : acc_t(0);  // uniform branch
+      wm[t] = w[t] * mk;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (u >= left) break;  // group-uniform
+      const int src = head_base + TS::owner(u);
+      const acc_t wu = __shfl_sync(mask, w[TS::slot(u)], src);
+      const acc_t wmu = p.rng.threshold != 0 ? __shfl_sync(mask, wm[TS::slot(u)], src) : wu;
+      if (!(ok[u] && m.valid[0])) continue;
+      sum[0] += wu;
+      score.aggregate(p, acc[0], wmu, xv[u][0], en[u][0]);
+    }
+  }
+}
+
 // block_reduce_store for padded heads (RowLanes' second constructor): sums
 // the groups' partial rows in group order and writes each lane's valid
 // features, lane (k, l) of the group owning features feat of the row.
@@ -341,13 +491,17 @@ __device__ __forceinline__ void block_reduce_store_padded(acc_t* red, const acc_
 }
 
 namespace {  // internal linkage: each instance is launched by one .cu
-// Score: the policy (scores.cuh). kS = 4 or 8 (scalar-score policies): the
-// two-pass rows' second pass by attend_heads_transposed (one vector per
-// lane); kS = 0: attend_heads. Policies whose score needs the gathered row
-// take the online pass for every row and pad heads of fewer than S vectors.
+// Score: the policy (scores.cuh). kS = 4 or 8 (heads of kS lanes, one vector
+// per lane): scalar-score policies take the two-pass rows' second pass by
+// attend_heads_transposed, the others the online pass by
+// attend_heads_online_transposed; kS = 0: attend_heads, attend_heads_online.
+// Policies whose score needs the gathered row take the online pass for every
+// row and pad heads of fewer than S vectors.
 template <template <typename, typename, int, int> class ScoreT, typename scalar_t,
           typename index_t, int V, int VPL, int kS>
-__global__ void __launch_bounds__(kThreads, forward_rows_min_blocks<scalar_t, VPL, kS>())
+__global__ void __launch_bounds__(kThreads,
+                                  forward_rows_min_blocks<scalar_t, VPL, kS,
+                                                          ScoreT<scalar_t, index_t, V, VPL>::kScalar>())
     attention_rows_kernel(const AttentionParams<scalar_t, index_t> p, const WorkList wl) {
   using acc_t = at::opmath_type<scalar_t>;
   using Score = ScoreT<scalar_t, index_t, V, VPL>;
@@ -384,7 +538,12 @@ __global__ void __launch_bounds__(kThreads, forward_rows_min_blocks<scalar_t, VP
         }
       }
     } else {
-      attend_heads_online(acc, mx, sum, p, lo, hi, q, mask, m, score);
+      if constexpr (!Score::kScalar && kS != 0) {
+        static_assert(VPL == 1, "one vector per lane");
+        attend_heads_online_transposed<kS>(acc, mx, sum, p, lo, hi, q, mask, m, score);
+      } else {
+        attend_heads_online(acc, mx, sum, p, lo, hi, q, mask, m, score);
+      }
 #pragma unroll
       for (int k = 0; k < VPL; ++k) {
         if (q == 0 && m.valid[k])
@@ -412,7 +571,11 @@ __global__ void __launch_bounds__(kThreads, forward_rows_min_blocks<scalar_t, VP
     const int slots = p.G / S * VPL;  // head slots per group
     acc_t mx[VPL], sum[VPL], acc[VPL][V];
     score.load_row(p, r, m);
-    attend_heads_online(acc, mx, sum, p, slo, shi, q, mask, m, score);
+    if constexpr (!Score::kScalar && kS != 0) {
+      attend_heads_online_transposed<kS>(acc, mx, sum, p, slo, shi, q, mask, m, score);
+    } else {
+      attend_heads_online(acc, mx, sum, p, slo, shi, q, mask, m, score);
+    }
 #pragma unroll
     for (int k = 0; k < VPL; ++k) {
       if (q == 0) {

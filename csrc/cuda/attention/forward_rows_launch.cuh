@@ -73,10 +73,22 @@ void launch_padded_forward_rows(AttentionParams<scalar_t, index_t> p, const RowC
   at::Tensor storage;
   const WorkList wl = make_work_list(p.ptr, p.num_rows, p.num_edges, false, storage, options);
   auto stream = c10::cuda::getCurrentCUDAStream();
+  // heads of 4 or 8 lanes at one vector per lane: each entry's scalar work
+  // in one lane (attend_heads_online_transposed)
+  const bool transposed = gat_transposed();
   VPL_SWITCH(rc.vpl, kVPL, [&] {
-    auto kernel = attention_rows_kernel<ScoreT, scalar_t, index_t, kVec, kVPL, 0>;
-    kernel<<<persistent_grid(kernel, p.num_rows, p.G), kThreads, 0, stream>>>(p, wl);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    auto run = [&](auto kernel) {
+      kernel<<<persistent_grid(kernel, p.num_rows, p.G), kThreads, 0, stream>>>(p, wl);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    };
+    constexpr bool kOne = kVPL == 1;
+    if (transposed && kOne && p.S == 8) {
+      run(attention_rows_kernel<ScoreT, scalar_t, index_t, kVec, kVPL, kOne ? 8 : 0>);
+    } else if (transposed && kOne && p.S == 4) {
+      run(attention_rows_kernel<ScoreT, scalar_t, index_t, kVec, kVPL, kOne ? 4 : 0>);
+    } else {
+      run(attention_rows_kernel<ScoreT, scalar_t, index_t, kVec, kVPL, 0>);
+    }
   });
 }
 

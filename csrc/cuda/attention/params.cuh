@@ -93,10 +93,12 @@ constexpr int forward_min_blocks() {
 constexpr int kForwardTransposedMinBlocks = 3;
 constexpr int kForwardTransposedMinBlocksHalf = 2;
 
-template <typename scalar_t, int VPL, int kS>
+// Policies other than GAT keep their one-pass state and a step's rows in
+// either layout: 2 blocks (128 registers) for their transposed pass too.
+template <typename scalar_t, int VPL, int kS, bool kScalar = true>
 constexpr int forward_rows_min_blocks() {
   if (VPL >= 4) return 1;
-  if (kS == 0) return 2;
+  if (kS == 0 || !kScalar) return 2;
   return sizeof(scalar_t) == 2 ? kForwardTransposedMinBlocksHalf : kForwardTransposedMinBlocks;
 }
 

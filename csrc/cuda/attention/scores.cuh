@@ -242,35 +242,114 @@ struct Gatv2Score {
     return sign;
   }
 
-  // With p.logits set (a forward whose backward reads the record), entry e's
-  // logit and signs go to the record: lane q = 0 of the head writes the
-  // logit, the first lane of each byte of its words the byte, as predicated
-  // stores (no divergent branch per entry). (Lane q of a head and the head
-  // of vector k, as RowLanes lays them out; little-endian words: channel c
-  // is bit c & 7 of byte (c & 31) >> 3 of word c >> 5.)
-  __device__ __forceinline__ acc_t logit(const Params& p, int k, bool use, const Entry& en,
-                                         const Vec<scalar_t, V>& xv, unsigned mask,
-                                         int64_t e) const {
+  // The forward's logit in two halves, so that the transposed forward
+  // (attend_heads_online_transposed) can sum a step's partials over the head
+  // in one transposing butterfly: lane_part, this lane's part of entry e's
+  // logit (with p.logits set, a forward whose backward reads the record, its
+  // sign bits go to the record: the first lane of each byte of the head's
+  // words stores the byte, a predicated store with no divergent branch; lane
+  // q and the head of vector k as RowLanes lays them out; little-endian
+  // words: channel c is bit c & 7 of byte (c & 31) >> 3 of word c >> 5), and
+  // head_logit, the logit from the head's sum of the parts; record_logit
+  // stores it (pred: the lane that writes entry e's logit of `head`).
+  __device__ __forceinline__ acc_t lane_part(const Params& p, int k, bool use, const Entry& en,
+                                             const Vec<scalar_t, V>& xv, unsigned mask,
+                                             int64_t e) const {
     acc_t z[V];
-    const acc_t l = lanes_sum(lane_logit(p, at[k], xv, xr[k], en.ef, z), p.S, mask);
+    const acc_t part = lane_logit(p, at[k], xv, xr[k], en.ef, z);
     if (p.logits != nullptr) {  // uniform
       const int lane = threadIdx.x & (p.G - 1), c0 = (lane & (p.S - 1)) * V;
       const uint32_t sign = sign_byte(z, c0, p.S, mask);
       const int head = (lane + p.G * k) >> p.log2S;
-      // Entry e's records at e times their per-entry strides from this
-      // lane's places in entry 0's: one wide multiply-add each (e < 2^31
-      // with int32 indices, whose rowptr holds E).
-      const uint64_t eo = sizeof(index_t) == 4 ? static_cast<uint32_t>(e)
-                                               : static_cast<uint64_t>(e);
-      auto* logit_at = reinterpret_cast<char*>(p.logits + head);
       auto* byte_at = reinterpret_cast<char*>(p.bits + head * p.W + (c0 >> 5)) + ((c0 & 31) >> 3);
-      store_if(use && c0 == 0,
-               reinterpret_cast<acc_t*>(logit_at + eo * static_cast<uint32_t>(p.H * sizeof(acc_t))),
-               l);
       store_if(use && (c0 & 7) == 0,
-               reinterpret_cast<uint8_t*>(byte_at + eo * static_cast<uint32_t>(p.H * p.W * 4)),
+               reinterpret_cast<uint8_t*>(byte_at + entry_offset(e) *
+                                                        static_cast<uint32_t>(p.H * p.W * 4)),
                static_cast<uint8_t>(sign));
     }
+    return part;
+  }
+  static __device__ __forceinline__ acc_t head_logit(const Params&, acc_t sum) { return sum; }
+  __device__ __forceinline__ void record_logit(const Params& p, bool pred, int head, int64_t e,
+                                               acc_t l) const {
+    if (p.logits != nullptr) {  // uniform
+      auto* logit_at = reinterpret_cast<char*>(p.logits + head);
+      store_if(pred, reinterpret_cast<acc_t*>(
+                         logit_at + entry_offset(e) * static_cast<uint32_t>(p.H * sizeof(acc_t))),
+               l);
+    }
+  }
+  // Entry e's records lie e times their per-entry strides from entry 0's:
+  // one wide multiply-add each (e < 2^31 with int32 indices, whose rowptr
+  // holds E).
+  static __device__ __forceinline__ uint64_t entry_offset(int64_t e) {
+    return sizeof(index_t) == 4 ? static_cast<uint32_t>(e) : static_cast<uint64_t>(e);
+  }
+
+  // The transposed forward's part of entry e's logit, with this lane's sign
+  // bits of its z (bit v: channel c0 + v) for record_signs.
+  __device__ __forceinline__ acc_t lane_part_bits(const Params& p, int k, const Entry& en,
+                                                  const Vec<scalar_t, V>& xv,
+                                                  uint32_t& bits) const {
+    acc_t z[V];
+    const acc_t part = lane_logit(p, at[k], xv, xr[k], en.ef, z);
+    bits = 0;
+#pragma unroll
+    for (int v = 0; v < V; ++v) bits |= (z[v] > acc_t(0) ? 1u : 0u) << v;
+    return part;
+  }
+  template <int U>
+  static constexpr int kStepWords = (U * V + 31) / 32;
+  // The transposed forward's sign record of a step, in whole words: lane
+  // q's bits of all U entries (`bits`, entry u's at bit u * V) go to every
+  // lane of the head (a shuffle per lane and word), and each lane puts
+  // together the head's words of its own entries ent[t] (channel l * V + v
+  // from lane l's bit v) and stores them (use[t]): a step's words in kSlots
+  // coalesced stores, no per-entry shuffle. (Heads of kS lanes hold kS * V
+  // channels, D in (kS * V / 2, kS * V]: W = ceil(kS * V / 32) words, all
+  // written.)
+  template <int kS, int U, int kSlots>
+  __device__ __forceinline__ void record_signs(const Params& p,
+                                               const uint32_t (&bits)[kStepWords<U>],
+                                               unsigned mask, int head_base, int h,
+                                               const int (&ent)[kSlots],
+                                               const int64_t (&et)[kSlots],
+                                               const bool (&use)[kSlots]) const {
+    constexpr int kHW = (kS * V + 31) / 32;
+    if (p.logits == nullptr) return;  // uniform
+    uint32_t hw[kSlots][kHW] = {};
+#pragma unroll
+    for (int l = 0; l < kS; ++l) {
+      uint32_t wl[kStepWords<U>];
+#pragma unroll
+      for (int i = 0; i < kStepWords<U>; ++i) wl[i] = __shfl_sync(mask, bits[i], head_base + l);
+#pragma unroll
+      for (int t = 0; t < kSlots; ++t) {
+        const int bit = ent[t] * V;
+        const uint32_t word = kStepWords<U> == 1 || bit < 32 ? wl[0] : wl[kStepWords<U> - 1];
+        const uint32_t b = (word >> (bit & 31)) & ((1u << V) - 1);
+        hw[t][(l * V) >> 5] |= b << ((l * V) & 31);
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kSlots; ++t)
+#pragma unroll
+      for (int w = 0; w < kHW; ++w) {
+        auto* word_at = reinterpret_cast<char*>(p.bits + h * kHW + w);
+        store_if(use[t], reinterpret_cast<uint32_t*>(
+                             word_at + entry_offset(et[t]) * static_cast<uint32_t>(p.H * kHW * 4)),
+                 hw[t][w]);
+      }
+  }
+
+  // The per-lane forward's logit: the head's lanes sum the parts
+  // (lanes_sum) and lane q = 0 of the head records it.
+  __device__ __forceinline__ acc_t logit(const Params& p, int k, bool use, const Entry& en,
+                                         const Vec<scalar_t, V>& xv, unsigned mask,
+                                         int64_t e) const {
+    const acc_t l = head_logit(p, lanes_sum(lane_part(p, k, use, en, xv, mask, e), p.S, mask));
+    const int lane = threadIdx.x & (p.G - 1);
+    record_logit(p, use && (lane & (p.S - 1)) == 0, (lane + p.G * k) >> p.log2S, e, l);
     return l;
   }
   __device__ __forceinline__ void aggregate(const Params&, acc_t (&acc)[V], acc_t w,
@@ -403,11 +482,35 @@ struct TransformerScore {
     return en;
   }
 
-  __device__ __forceinline__ acc_t logit(const Params& p, int k, bool, const Entry& en,
-                                         const Vec<scalar_t, V>&, unsigned mask, int64_t) const {
+  // The logit's halves for the transposed forward (as Gatv2Score's; no
+  // record) and the per-lane forward's logit.
+  __device__ __forceinline__ acc_t lane_part(const Params&, int k, bool, const Entry& en,
+                                             const Vec<scalar_t, V>&, unsigned, int64_t) const {
     acc_t kw[V];
     widen(en.kv, kw);
-    return lanes_sum(lane_dot(xq[k], kw, en.ef), p.S, mask) * p.score_scale;
+    return lane_dot(xq[k], kw, en.ef);
+  }
+  static __device__ __forceinline__ acc_t head_logit(const Params& p, acc_t sum) {
+    return sum * p.score_scale;
+  }
+  __device__ __forceinline__ void record_logit(const Params&, bool, int, int64_t, acc_t) const {}
+  __device__ __forceinline__ acc_t lane_part_bits(const Params& p, int k, const Entry& en,
+                                                  const Vec<scalar_t, V>& xv,
+                                                  uint32_t& bits) const {
+    bits = 0;
+    return lane_part(p, k, true, en, xv, 0u, 0);
+  }
+  template <int U>
+  static constexpr int kStepWords = 1;
+  template <int kS, int U, int kSlots>
+  __device__ __forceinline__ void record_signs(const Params&, const uint32_t (&)[1], unsigned, int,
+                                               int, const int (&)[kSlots],
+                                               const int64_t (&)[kSlots],
+                                               const bool (&)[kSlots]) const {}
+  __device__ __forceinline__ acc_t logit(const Params& p, int k, bool use, const Entry& en,
+                                         const Vec<scalar_t, V>& xv, unsigned mask,
+                                         int64_t e) const {
+    return head_logit(p, lanes_sum(lane_part(p, k, use, en, xv, mask, e), p.S, mask));
   }
   __device__ __forceinline__ void aggregate(const Params& p, acc_t (&acc)[V], acc_t w,
                                             const Vec<scalar_t, V>& xv, const Entry& en) const {
