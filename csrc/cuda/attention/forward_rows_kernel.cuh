@@ -453,15 +453,25 @@ __device__ __forceinline__ void attend_heads_online_transposed(
       if (p.rng.threshold != 0) mk = p.rng.keep(et[t], h) ? p.scale : acc_t(0);  // uniform branch
       wm[t] = w[t] * mk;
     }
+    // the weights to the head's lanes, all of the step's in one block of
+    // shuffles (one convergence check), then the entries in order
+    acc_t wu[U], wmu[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) wu[u] = __shfl_sync(mask, w[TS::slot(u)], head_base + TS::owner(u));
+    if (p.rng.threshold != 0) {  // uniform
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        wmu[u] = __shfl_sync(mask, wm[TS::slot(u)], head_base + TS::owner(u));
+    } else {
+#pragma unroll
+      for (int u = 0; u < U; ++u) wmu[u] = wu[u];
+    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (u >= left) break;  // group-uniform
-      const int src = head_base + TS::owner(u);
-      const acc_t wu = __shfl_sync(mask, w[TS::slot(u)], src);
-      const acc_t wmu = p.rng.threshold != 0 ? __shfl_sync(mask, wm[TS::slot(u)], src) : wu;
       if (!(ok[u] && m.valid[0])) continue;
-      sum[0] += wu;
-      score.aggregate(p, acc[0], wmu, xv[u][0], en[u][0]);
+      sum[0] += wu[u];
+      score.aggregate(p, acc[0], wmu[u], xv[u][0], en[u][0]);
     }
   }
 }
