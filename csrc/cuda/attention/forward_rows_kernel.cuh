@@ -98,8 +98,9 @@ __device__ __forceinline__ void row_stats_heads(const AttentionParams<scalar_t, 
 // paths: entries e0..e0+U-1, of which the first `left` are the row's (none
 // past it or out of range: ok[u] false), their x vectors, then their logits
 // (score.logit: after the score's nonlinearity), stored as out[u][k] =
-// finish(use, logit) (kLoadsOnly, policies other than GAT: only the loads). Every load is predicated, with no branch in between
-// (see load_vec_if), and all of a step's loads come before its arithmetic.
+// finish(use, logit) (kLoadsOnly, policies other than GAT: only the loads).
+// Every load is predicated, with no branch in between (see load_vec_if), and
+// all of a step's loads come before its arithmetic.
 // Entry tests in the index's width (EntryOffset, IndexBound) and row
 // addresses by row_at: with 32-bit indices one compare and one IMAD.WIDE
 // each instead of 64-bit arithmetic (utils/index.cuh).
@@ -373,8 +374,8 @@ struct TransposedSum {
 // (TransposedSum), the lane that ends with an entry's logit records it (a
 // step's logits in one coalesced store), scales it and, once the head's
 // maximum is merged (a max butterfly per step), computes its weight (and
-// draws its dropout mask); the weights go back to the head's lanes with a
-// shuffle per entry (two with dropout). The same expressions in the same
+// draws its dropout mask); the step's weights go back to the head's lanes in
+// one block of shuffles (two with dropout). The same expressions in the same
 // order as attend_heads_online (the maximum is exact, sum and acc take the
 // weights in entry order), so out, lse and the record are bitwise its.
 template <int kS, class Score, typename scalar_t, typename index_t, int V>
@@ -457,7 +458,8 @@ __device__ __forceinline__ void attend_heads_online_transposed(
     // shuffles (one convergence check), then the entries in order
     acc_t wu[U], wmu[U];
 #pragma unroll
-    for (int u = 0; u < U; ++u) wu[u] = __shfl_sync(mask, w[TS::slot(u)], head_base + TS::owner(u));
+    for (int u = 0; u < U; ++u)
+      wu[u] = __shfl_sync(mask, w[TS::slot(u)], head_base + TS::owner(u));
     if (p.rng.threshold != 0) {  // uniform
 #pragma unroll
       for (int u = 0; u < U; ++u)
@@ -509,9 +511,9 @@ namespace {  // internal linkage: each instance is launched by one .cu
 // row and pad heads of fewer than S vectors.
 template <template <typename, typename, int, int> class ScoreT, typename scalar_t,
           typename index_t, int V, int VPL, int kS>
-__global__ void __launch_bounds__(kThreads,
-                                  forward_rows_min_blocks<scalar_t, VPL, kS,
-                                                          ScoreT<scalar_t, index_t, V, VPL>::kScalar>())
+__global__ void __launch_bounds__(
+    kThreads,
+    forward_rows_min_blocks<scalar_t, VPL, kS, ScoreT<scalar_t, index_t, V, VPL>::kScalar>())
     attention_rows_kernel(const AttentionParams<scalar_t, index_t> p, const WorkList wl) {
   using acc_t = at::opmath_type<scalar_t>;
   using Score = ScoreT<scalar_t, index_t, V, VPL>;
