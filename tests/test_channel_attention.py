@@ -524,21 +524,23 @@ TRANSPOSED_LAYOUTS = [(4, 32, torch.float32), (2, 16, torch.float32), (3, 24, to
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("op", [TRANSFORMER], ids=repr)  # GATv2: backward_row only
+@pytest.mark.parametrize("with_edge", [True, False], ids=["edge", "no_edge"])
+@pytest.mark.parametrize("op", [GATV2, TRANSFORMER], ids=repr)
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("heads,channels,dtype", TRANSPOSED_LAYOUTS,
                          ids=[f"H{h}-D{c}-{dtype_id(d)}" for h, c, d in TRANSPOSED_LAYOUTS])
-def test_backward_both_layouts(heads, channels, dtype, index_dtype, op):
+def test_backward_both_layouts(heads, channels, dtype, index_dtype, op, with_edge):
     """The CSC pass with an entry's scalar work in one lane of its head (the
     default for heads of 4 or 8 lanes) or in every lane
-    (force_kernel_path(transposed=0)): with edge features, dropout, bias and
-    lse gradients, on a graph with a hub and long CSC columns (sliced), with
-    the caller's CSC and perm_inv and without, both match the float64
-    reference and agree bit for bit."""
+    (force_kernel_path(transposed=0)): with and without edge features, with
+    dropout, bias and lse gradients, on a graph with a hub and long CSC
+    columns (sliced), with the caller's CSC and perm_inv and without, both
+    match the float64 reference and agree bit for bit (GATv2's over the
+    forward's record)."""
     from pyg_multihead_agg._testing import force_kernel_path
     case = (40, 12, 900, heads, channels, True)
     inp = make_inputs(op, case, dtype, index_dtype, "cuda", seed=heads * 100 + channels,
-                      with_edge=True, with_bias=True)
+                      with_edge=with_edge, with_bias=True)
     colptr, row, perm = csr_to_csc(inp.rowptr, inp.col, case[1])
     for csc, perm_inv in (((colptr, row, perm), invert_perm(perm)), (None, None)):
         kw = dict(dropout=0.3, philox=PHILOX.clone(), csc=csc, perm_inv=perm_inv)

@@ -30,7 +30,8 @@ def main() -> None:
                         help="a macro for nvcc, repeatable")
     args = parser.parse_args()
     work = tempfile.mkdtemp()
-    obj, _ = sass_loads.compile_cu(os.path.abspath(args.source), work, args.defines)
+    obj, log = sass_loads.compile_cu(os.path.abspath(args.source), work, args.defines)
+    usage = sass_loads.ptxas_usage(log)
     sass = subprocess.run([sass_loads.find_tool("cuobjdump"), "-sass", obj],
                           capture_output=True, text=True, check=True).stdout
     for func in re.split(r"\n\s*Function : ", sass)[1:]:
@@ -56,7 +57,9 @@ def main() -> None:
         ops = Counter((t.split()[1] if t.startswith("@") else t.split()[0]).split(".")[0]
                       for t in best)
         top = ", ".join(f"{op} {n}" for op, n in ops.most_common(10))
-        print(f"{name}\n  {len(best)} instructions per step: {top}")
+        regs, spill = usage.get(mangled, (0, 0))
+        print(f"{name}\n  {len(best)} instructions per step ({regs} registers, {spill} bytes "
+              f"spilled): {top}")
 
 
 if __name__ == "__main__":

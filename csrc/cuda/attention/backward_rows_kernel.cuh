@@ -139,6 +139,7 @@ __device__ __forceinline__ void backward_row(at::opmath_type<scalar_t> (&acc)[VP
       }
     }
   }
+  score.end_source(p, m, acc, xr);
 }
 
 // The same pass for GAT (scalar scores), one vector per lane and kS = 4 or 8
@@ -269,21 +270,22 @@ __device__ __forceinline__ void transpose_sums(acc_t (&d)[U], int q, unsigned ma
   transpose_round<1, U>(d, q, mask);
 }
 
-// The transposed pass for policies whose logit is a sum over the head's
-// channels (Score::kTransposedDot: the transformer), one vector per
-// lane and heads of kS = 4 or 8 lanes (padded heads too: a lane past the
-// head's D / V vectors holds zeros and still takes its entry's scalar work).
-// backward_row runs two kS-lane butterflies per entry (the logit and
-// <grad_out[i], x[j]>) and the softmax arithmetic in every lane; here a step
-// of U = 4 entries reduces both dots with transposing butterflies
-// (transpose_sums: 7 shuffles per dot and step where backward_row takes 12 at
-// kS = 8), lane q of a head does entry q % 4's scalar work (its aux,
-// dropout mask, alpha, logit gradient; lanes q < 4 store grad_z) and hands w
-// and gl back with two shuffles per entry; the policy's apply() does the
-// entry's vector work in every lane. Four entries
-// (not kS) per step: each brings three row vectors (grad_out[i], the
-// policy's row of i, e_feat[e]), and eight would hold 96 registers of loads
-// in flight. The pairs added are lanes_sum's, so every logit, alpha,
+// The transposed pass for policies other than GAT (Score::kTransposedDot),
+// one vector per lane and heads of kS = 4 or 8 lanes (padded heads too: a
+// lane past the head's D / V vectors holds zeros and still takes its entry's
+// scalar work). backward_row runs a kS-lane butterfly per entry for
+// <grad_out[i], x[j]> (and the transformer's logit) and the softmax
+// arithmetic in every lane; here a step of U = 4 entries reduces the dots
+// with transposing butterflies (transpose_sums: 7 shuffles per dot and step
+// where backward_row takes 12 at kS = 8), lane q of a head does entry q %
+// 4's scalar work (its aux, the logit: summed from the policy's logit_part,
+// or read from GATv2's record with the entry's sign word; the dropout mask,
+// alpha, the logit gradient; lanes q < 4 store grad_z) and hands w, gl (and
+// the word) to the head's lanes in one block of shuffles; the policy's
+// apply() does the entry's vector work in every lane. Four entries (not kS)
+// per step: the transformer's bring three row vectors each (grad_out[i],
+// the policy's row of i, e_feat[e]), and eight would hold 96 registers of
+// loads in flight. The pairs added are lanes_sum's, so every logit, alpha,
 // gradient and grad_z is bitwise backward_row's.
 template <int kS, class Score, typename scalar_t, typename index_t, int V>
 __device__ __forceinline__ void backward_row_transposed_dot(
@@ -293,20 +295,25 @@ __device__ __forceinline__ void backward_row_transposed_dot(
   using acc_t = at::opmath_type<scalar_t>;
   static_assert(kS == 4 || kS == 8, "4 or 8 lanes per head");
   constexpr int U = 4;  // entries per step
+  constexpr bool kRecorded = Score::kRecorded;
   const auto* aux = static_cast<const RowAux<acc_t>*>(p.aux);
   const int q = lane & (kS - 1), qe = q & (U - 1);  // qe: this lane's entry of a step
   const int head_base = (threadIdx.x & 31) & ~(kS - 1);  // warp lane of the head's lane 0
   const bool valid = m.valid[0];
   const int h = m.head[0];
   const bool head_ok = h < p.H;  // a padded head's lanes past D / V are not valid, but work
-  const Vec<scalar_t, V> xr = valid ? load_vec<scalar_t, V>(p.x + j * p.HD + m.feat[0])
-                                    : zero_vec<scalar_t, V>();
+  const Vec<scalar_t, V> xr[1] = {valid ? load_vec<scalar_t, V>(p.x + j * p.HD + m.feat[0])
+                                        : zero_vec<scalar_t, V>()};
 #pragma unroll
   for (int v = 0; v < V; ++v) acc[0][v] = 0;
   score.load_source(p, j, m);
   const int HD = p.HD, H = p.H;
   const bool edge_vectors = p.e_feat != nullptr;  // group-uniform
-  const bool edge_ids = edge_vectors || p.grad_e_feat != nullptr || p.perm_inv == nullptr;
+  // kLateEdges (GATv2): the edge features' work after the step's vector
+  // work, the only use of every entry's edge id there.
+  constexpr bool kLate = Score::kLateEdges;
+  const bool edge_ids =
+      edge_vectors || p.grad_e_feat != nullptr || (!kLate && p.perm_inv == nullptr);
   const IndexBound<index_t> gathered_ok(p.num_gathered), edge_ok(p.num_edges);
   using off_t = EntryOffset<index_t>;
   using Step = StepIndices<U, U, true, index_t>;  // lane q's own entry: qe
@@ -324,65 +331,96 @@ __device__ __forceinline__ void backward_row_transposed_dot(
     // u's), for the edge vectors' loads and stores and (without perm_inv)
     // the per-edge words the policy stores.
     index_t eu[U];
+    auto share_ids = [&] {
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-      eu[u] = edge_ids ? __shfl_sync(mask, cur.eq[0], head_base + u) : index_t(0);
+      for (int u = 0; u < U; ++u) eu[u] = __shfl_sync(mask, cur.eq[0], head_base + u);
+    };
+#pragma unroll
+    for (int u = 0; u < U; ++u) eu[u] = 0;
+    if (!kLate && edge_ids) share_ids();
     Vec<scalar_t, V> gv[U];
-    typename Score::BEntry be[U];
+    typename Score::TEntry te[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const bool use = valid && u < left && gathered_ok(cur.i[u]);
       gv[u] = load_vec_if<scalar_t, V>(use, row_at(p.grad_out, cur.i[u], HD) + m.feat[0]);
-      be[u] = score.load_bentry(p, m, 0, use && (!edge_vectors || edge_ok(eu[u])), cur.i[u],
-                                eu[u]);
+      te[u] = score.load_tentry(p, m, use && (!edge_vectors || edge_ok(eu[u])), cur.i[u], eu[u]);
     }
     const bool ok = head_ok && qe < left && gathered_ok(cur.iq[0]) && edge_ok(cur.eq[0]);
     const RowAux<acc_t> ax = load_aux(ok, row_at(aux, cur.iq[0], H) + h);
+    acc_t logit = 0;
+    uint32_t word = 0;
+    if constexpr (kRecorded) score.load_record(p, ok, cur.eq[0], h, logit, word);
     Step next;
     if constexpr (kPrefetch) load_idx(k0 + U, next);
     acc_t d[U], l[U], de[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      d[u] = vec_dot<scalar_t, V>(gv[u], xr);
-      l[u] = score.logit_part(p, 0, be[u], xr);
+      d[u] = vec_dot<scalar_t, V>(gv[u], xr[0]);
+      if constexpr (!kRecorded) l[u] = score.logit_part(p, 0, te[u], xr[0]);
       // + <grad_out[i], e_feat[e]> (the transformer), summed apart as its
       // backward() does
-      de[u] = Score::kEdgeDot && edge_vectors ? vec_dot<scalar_t, V>(gv[u], be[u].ef) : acc_t(0);
+      if constexpr (Score::kEdgeDot)
+        de[u] = edge_vectors ? vec_dot<scalar_t, V>(gv[u], te[u].ef) : acc_t(0);
     }
     transpose_sums<kS>(d, q, mask);
-    transpose_sums<kS>(l, q, mask);
+    if constexpr (!kRecorded) {
+      transpose_sums<kS>(l, q, mask);
+      logit = score.scaled_logit(p, l[0]);
+    }
     acc_t dot = d[0];
-    if (Score::kEdgeDot && edge_vectors) {  // group-uniform
-      transpose_sums<kS>(de, q, mask);
-      dot += de[0];
+    if constexpr (Score::kEdgeDot) {
+      if (edge_vectors) {  // group-uniform
+        transpose_sums<kS>(de, q, mask);
+        dot += de[0];
+      }
     }
     acc_t mk = 1;
     if (p.rng.threshold != 0)  // group-uniform
       mk = ok && p.rng.keep(static_cast<int64_t>(cur.eq[0]), h) ? p.scale : acc_t(0);
-    const acc_t alpha = exp_(score.scaled_logit(p, l[0]) - ax.lse);
+    const acc_t alpha = exp_(logit - ax.lse);
     const acc_t gl_own = alpha * (mk * dot - ax.dl);
     const acc_t w = ok ? alpha * mk : acc_t(0);
     const acc_t gl = ok ? gl_own : acc_t(0);
     if (ok && q < U) {
-      const int64_t zi = p.perm_inv != nullptr ? lo + k0 + qe : static_cast<int64_t>(cur.eq[0]);
+      // GATv2's logit gradient takes its logit's place, by edge id
+      const int64_t zi = p.perm_inv != nullptr && !kRecorded ? lo + k0 + qe
+                                                             : static_cast<int64_t>(cur.eq[0]);
       p.grad_z[zi * H + h] = gl_own;
     }
+    // The step's w, gl (and record words) to the head's lanes in one block
+    // of shuffles: one convergence check.
+    acc_t wu[U], glu[U];
+    uint32_t wordu[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const acc_t wu = __shfl_sync(mask, w, head_base + u);
-      const acc_t glu = __shfl_sync(mask, gl, head_base + u);
-      // Entry u's own test, as lane u made it for w and gl, from the edge
-      // ids where this lane has them (without them, with perm_inv given, the
-      // policy stores nothing per edge).
+      wu[u] = __shfl_sync(mask, w, head_base + u);
+      glu[u] = __shfl_sync(mask, gl, head_base + u);
+      wordu[u] = kRecorded ? __shfl_sync(mask, word, head_base + u) : 0u;
+    }
+    // Entry u's own test, as lane u made it for w and gl, from the edge ids
+    // where this lane has them (without them, with perm_inv given, the
+    // policy stores nothing per edge).
+    auto stores = [&](int u) {
       bool entry_ok = u < left && gathered_ok(cur.i[u]);
       if (edge_ids) entry_ok = entry_ok && edge_ok(eu[u]);
-      const bool store = valid && entry_ok;
+      return valid && entry_ok;
+    };
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
       const int64_t zi = p.perm_inv != nullptr ? lo + k0 + u : static_cast<int64_t>(eu[u]);
-      score.apply(p, m, 0, q, mask, store, wu, glu, gv[u], xr, be[u], acc[0],
-                  static_cast<int64_t>(eu[u]), zi);
+      score.apply(p, m, 0, q, mask, !kLate && stores(u), wu[u], glu[u], wordu[u], gv[u], xr[0],
+                  te[u], acc[0], static_cast<int64_t>(eu[u]), zi);
+    }
+    if (kLate && edge_ids) {  // group-uniform
+      share_ids();
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        score.apply_edges(p, m, 0, q, stores(u), glu[u], wordu[u], static_cast<int64_t>(eu[u]));
     }
     if constexpr (kPrefetch) cur = next;
   }
+  score.end_source(p, m, acc, xr);
 }
 
 // The destination passes of GATv2 and the transformer (their _dst_rows
@@ -440,7 +478,7 @@ __global__ void __launch_bounds__(kBackwardThreads,
       static_assert(VPL == 1, "one vector per lane");
       backward_row_transposed<kS>(acc, score.gsrc, p, j, lo, hi, m, lane, mask);
     } else if constexpr (kS != 0) {
-      static_assert(VPL == 1 && Score::kTransposedDot, "one vector per lane, dot-product scores");
+      static_assert(VPL == 1 && Score::kTransposedDot, "one vector per lane, a policy with a transposed pass");
       backward_row_transposed_dot<kS>(acc, score, p, j, lo, hi, m, lane, mask);
     } else {
       backward_row(acc, score, p, j, lo, hi, m, lane, mask);

@@ -96,8 +96,8 @@ void launch_backward_rows_kernel(Kernel kernel, const AttentionParams<scalar_t, 
 // The CSC pass of policy ScoreT for this head layout: with one vector per
 // lane, heads of 8 lanes (4-byte types only: 2- and 8-byte vectors spill
 // there) and of 4 lanes take the transposed pass of the policies that have
-// one (backward_row_transposed for GAT, backward_row_transposed_dot for the
-// transformer), the others backward_row.
+// one (backward_row_transposed for GAT, backward_row_transposed_dot for
+// GATv2 and the transformer), the others backward_row.
 template <template <typename, typename, int, int> class ScoreT, typename scalar_t,
           typename index_t, int V, int VPL>
 void launch_backward_rows_pass(const AttentionParams<scalar_t, index_t>& p, const SliceList& sl) {

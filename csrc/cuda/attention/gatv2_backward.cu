@@ -4,8 +4,8 @@
 // (grad_x_l, grad_e_feat, the x_l and e_feat shares of grad_att summed per
 // fixed range of sources, and per edge the logit gradient), the destination
 // pass gatv2_dst_rows_kernel (grad_x_r and x_r's share of grad_att), and the
-// slices' sums. The CSC pass is backward_row for every head layout
-// (Gatv2Score::kTransposedDot).
+// slices' sums. The CSC pass is backward_row_transposed_dot for heads of
+// 4 or 8 lanes at one vector per lane, backward_row for the others.
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>

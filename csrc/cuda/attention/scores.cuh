@@ -36,9 +36,17 @@
 //                  acc, the score's own gradients, and the per-edge logit
 //                  gradient for the destination pass; called by every lane
 //                  (use: whether the entry and vector exist).
+//   end_source     after each pass over a source's entries (a column or a
+//                  slice of one), what the score sums per source and adds
+//                  to acc and its gradients once (GATv2: leaky_relu''s sums).
 //   store_source / store_slice: the score's per-source results.
 //   store_range    after each fetch of the work list, the results summed
 //                  over a fixed range of sources (GATv2's grad_att shares).
+//   The transposed CSC pass (backward_row_transposed_dot, kTransposedDot)
+//   splits backward() instead: TEntry / load_tentry (an entry's vectors, in
+//   every lane), the logit (logit_part, summed by the pass, or with
+//   kRecorded read from the forward's record by one lane: load_record), and
+//   apply (the entry's vector work with that lane's w, gl and record word).
 //
 // TransformerScore, TransformerConv's scaled dot product
 // scale * <q[i], k[j] (+ e)>, is the third: a destination row (q[i]) per
@@ -143,6 +151,8 @@ struct GatScore {
     gsrc[k] += gz;
     if (q == 0) p.grad_z[zi * p.H + m.head[k]] = gz;
   }
+  __device__ __forceinline__ void end_source(const Params&, const Lanes&, acc_t (&)[VPL][V],
+                                             const Vec<scalar_t, V> (&)[VPL]) {}
 
   __device__ __forceinline__ void store_source(const Params& p, int64_t j, const Lanes& m, int k,
                                                bool leader) const {
@@ -167,12 +177,13 @@ struct Gatv2Score {
   using Params = AttentionParams<scalar_t, index_t>;
   using Lanes = RowLanes<V, VPL>;
   static constexpr bool kScalar = false;
-  // The CSC pass is backward_row for every head layout: a transposed pass
-  // (an entry's scalar work in one lane) measured slower for GATv2 when its
-  // CSC pass rebuilt z (43.5 against 41.0 ms, products-like float32); with
-  // the record its per-entry work is two gradient terms per channel.
-  static constexpr bool kTransposedDot = false;
-  static constexpr int kTransposedMinBlocks = 0;  // (no transposed pass)
+  // The CSC pass: backward_row_transposed_dot for heads of 4 or 8 lanes, the
+  // logit and the signs read from the record by the entry's lane;
+  // backward_row for the other layouts.
+  static constexpr bool kTransposedDot = true;
+  static constexpr bool kRecorded = true;
+  static constexpr bool kEdgeDot = false;
+  static constexpr int kTransposedMinBlocks = 5;  // (backward_min_blocks)
   static constexpr int kRowMinBlocks = 5;  // (backward_min_blocks)
   static constexpr int kStepDivisor = 1;
 
@@ -185,7 +196,7 @@ struct Gatv2Score {
       const auto a = m.valid[k] ? load_vec<scalar_t, V>(p.att + m.feat[k]) : zero_vec<scalar_t, V>();
       widen(a, at[k]);
 #pragma unroll
-      for (int v = 0; v < V; ++v) ga_range[k][v] = 0;
+      for (int v = 0; v < V; ++v) ga_range[k][v] = ts[k][v] = 0;
     }
   }
 
@@ -360,8 +371,12 @@ struct Gatv2Score {
   // Backward. ga_range: this lane's channels of grad_att summed over the
   // entries of the current fetch range, in the order the group walks them
   // (a fixed range of sources, whichever warp takes it). No per-source
-  // share: a register per channel less.
+  // share: a register per channel less. ts: the source's sum of gl * s per
+  // channel (s = leaky_relu'(z)), which end_source multiplies by att (into
+  // grad_x_l[j]) and by x_l[j] (into ga_range) once per pass instead of per
+  // entry.
   acc_t ga_range[VPL][V];
+  acc_t ts[VPL][V];
 
   __device__ __forceinline__ void load_source(const Params&, int64_t, const Lanes&) {}
 
@@ -386,35 +401,101 @@ struct Gatv2Score {
   }
 
   // With w = alpha * m, the logit gradient gl = alpha * (m * dot - dl) and
-  // s = leaky_relu'(z) per channel (from the record's signs):
-  // acc += w * grad_out[i] + gl * s * att (grad_x_l[j]),
-  // ga_range += gl * s * (x_l[j] + e_feat[e]) (leaky_relu(z) = s * z; x_r[i]'s
-  // term is the destination pass's), grad_e_feat[e] = gl * s * att; gl goes
-  // to grad_z[e, h] for the destination pass (gatv2_dst_rows_kernel).
+  // s = leaky_relu'(z) per channel (from the record's signs): acc += w *
+  // grad_out[i], ts += gl * s (end_source adds att * ts to grad_x_l[j] and
+  // x_l[j] * ts to ga_range: leaky_relu(z) = s * z, and x_r[i]'s term is the
+  // destination pass's), ga_range += gl * s * e_feat[e], grad_e_feat[e] =
+  // gl * s * att; gl goes to grad_z[e, h] for the destination pass
+  // (gatv2_dst_rows_kernel).
   __device__ __forceinline__ void backward(const Params& p, const Lanes& m, int k, bool use, int q,
                                            unsigned, acc_t dot, acc_t mk,
-                                           const Vec<scalar_t, V>& gv, const Vec<scalar_t, V>& xj,
+                                           const Vec<scalar_t, V>& gv, const Vec<scalar_t, V>&,
                                            const RowAux<acc_t>& ax, const BEntry& be,
                                            acc_t (&acc)[V], int64_t, int64_t e) {
     if (!use) return;
-    const uint32_t sign = be.word >> ((q * V) & 31);
     const acc_t alpha = exp_(be.l - ax.lse);
-    const acc_t w = alpha * mk;
     const acc_t gl = alpha * (mk * dot - ax.dl);
-    const auto ef = load_vec_if<scalar_t, V>(p.e_feat != nullptr, p.e_feat + e * p.HD + m.feat[k]);
-    acc_t gw[V], xw[V], ew[V], gz[V];
+    const uint32_t sign = be.word >> ((q * V) & 31);
+    vector_terms(p, k, alpha * mk, gl, sign, gv, acc);
+    if (p.e_feat != nullptr || p.grad_e_feat != nullptr) edge_terms(p, m, k, gl, sign, e);
+    if (q == 0) p.grad_z[e * p.H + m.head[k]] = gl;
+  }
+
+  // An entry's vector work, in both passes (sign: this lane's bits of the
+  // record's word from bit 0).
+  __device__ __forceinline__ void vector_terms(const Params& p, int k, acc_t w, acc_t gl,
+                                               uint32_t sign, const Vec<scalar_t, V>& gv,
+                                               acc_t (&acc)[V]) {
+    const acc_t gn = gl * p.negative_slope;
+    acc_t gw[V];
     widen(gv, gw);
-    widen(xj, xw);
-    widen(ef, ew);
 #pragma unroll
     for (int v = 0; v < V; ++v) {
-      const acc_t gs = gl * ((sign >> v) & 1u ? acc_t(1) : p.negative_slope);
-      gz[v] = gs * at[k][v];
-      acc[v] += w * gw[v] + gz[v];
-      ga_range[k][v] += gs * (xw[v] + ew[v]);
+      acc[v] += w * gw[v];
+      ts[k][v] += (sign >> v) & 1u ? gl : gn;
     }
-    if (q == 0) p.grad_z[e * p.H + m.head[k]] = gl;
-    if (p.grad_e_feat != nullptr) store_vec<scalar_t, V>(p.grad_e_feat + e * p.HD + m.feat[k], gz);
+  }
+  // Its edge features' terms, where there are edge features.
+  __device__ __forceinline__ void edge_terms(const Params& p, const Lanes& m, int k, acc_t gl,
+                                             uint32_t sign, int64_t e) {
+    const acc_t gn = gl * p.negative_slope;
+    acc_t gs[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) gs[v] = (sign >> v) & 1u ? gl : gn;
+    if (p.e_feat != nullptr) {
+      acc_t ew[V];
+      widen(load_vec<scalar_t, V>(p.e_feat + e * p.HD + m.feat[k]), ew);
+#pragma unroll
+      for (int v = 0; v < V; ++v) ga_range[k][v] += gs[v] * ew[v];
+    }
+    if (p.grad_e_feat != nullptr) {
+      acc_t gz[V];
+#pragma unroll
+      for (int v = 0; v < V; ++v) gz[v] = gs[v] * at[k][v];
+      store_vec<scalar_t, V>(p.grad_e_feat + e * p.HD + m.feat[k], gz);
+    }
+  }
+
+  __device__ __forceinline__ void end_source(const Params&, const Lanes&, acc_t (&acc)[VPL][V],
+                                             const Vec<scalar_t, V> (&xj)[VPL]) {
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+      acc_t xw[V];
+      widen(xj[k], xw);
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        acc[k][v] += ts[k][v] * at[k][v];
+        ga_range[k][v] += ts[k][v] * xw[v];
+        ts[k][v] = 0;
+      }
+    }
+  }
+
+  // The transposed pass: no vector of the entry beyond grad_out[i] (the edge
+  // features come after the step's vector work, apply_edges), the record
+  // loaded by the entry's lane (a plain load of the logit, whose place its
+  // gradient may take).
+  static constexpr bool kLateEdges = true;
+  struct TEntry {};
+  __device__ __forceinline__ TEntry load_tentry(const Params&, const Lanes&, bool, index_t,
+                                                index_t) const {
+    return {};
+  }
+  // (The transposed pass's heads hold at most 32 channels: one word, W = 1.)
+  __device__ __forceinline__ void load_record(const Params& p, bool ok, index_t e, int h,
+                                              acc_t& l, uint32_t& word) const {
+    l = ok ? row_at(p.logits, e, p.H)[h] : acc_t(0);
+    word = RawLoad<4>::load(ok, row_at(p.bits, e, p.H) + h);
+  }
+  __device__ __forceinline__ void apply(const Params& p, const Lanes&, int k, int q, unsigned,
+                                        bool, acc_t w, acc_t gl, uint32_t word,
+                                        const Vec<scalar_t, V>& gv, const Vec<scalar_t, V>&,
+                                        const TEntry&, acc_t (&acc)[V], int64_t, int64_t) {
+    vector_terms(p, k, w, gl, word >> (q * V), gv, acc);
+  }
+  __device__ __forceinline__ void apply_edges(const Params& p, const Lanes& m, int k, int q,
+                                              bool store, acc_t gl, uint32_t word, int64_t e) {
+    if (store) edge_terms(p, m, k, gl, word >> (q * V), e);
   }
 
   // grad_att is stored once per fetch range (store_range): att_part has a
@@ -581,9 +662,20 @@ struct TransformerScore {
   // entry's vector work with that lane's w and gl. The sums are backward()'s,
   // so both passes give the same bits.
   static constexpr bool kTransposedDot = true;
+  static constexpr bool kRecorded = false;  // the logit from logit_part
   static constexpr int kTransposedMinBlocks = 4;
   static constexpr int kRowMinBlocks = 4;  // (backward_min_blocks)
   static constexpr bool kEdgeDot = true;  // dot += <grad_out[i], e_feat[e]>
+  using TEntry = BEntry;
+  __device__ __forceinline__ TEntry load_tentry(const Params& p, const Lanes& m, bool use,
+                                                index_t i, index_t e) const {
+    return load_bentry(p, m, 0, use, i, e);
+  }
+  __device__ __forceinline__ void load_record(const Params&, bool, index_t, int, acc_t&,
+                                              uint32_t&) const {}
+  static constexpr bool kLateEdges = false;  // (apply does the edge features' work)
+  __device__ __forceinline__ void apply_edges(const Params&, const Lanes&, int, int, bool, acc_t,
+                                              uint32_t, int64_t) {}
   __device__ __forceinline__ acc_t logit_part(const Params&, int k, const BEntry& be,
                                               const Vec<scalar_t, V>&) const {
     acc_t qw[V];
@@ -594,7 +686,7 @@ struct TransformerScore {
     return l * p.score_scale;
   }
   __device__ __forceinline__ void apply(const Params& p, const Lanes& m, int k, int, unsigned,
-                                        bool store, acc_t w, acc_t gl,
+                                        bool store, acc_t w, acc_t gl, uint32_t,
                                         const Vec<scalar_t, V>& gv, const Vec<scalar_t, V>&,
                                         const BEntry& be, acc_t (&acc)[V], int64_t e, int64_t) {
     const acc_t gs = gl * p.score_scale;
@@ -612,6 +704,8 @@ struct TransformerScore {
       store_vec<scalar_t, V>(p.grad_e_feat + e * p.HD + m.feat[k], ge);
   }
 
+  __device__ __forceinline__ void end_source(const Params&, const Lanes&, acc_t (&)[VPL][V],
+                                             const Vec<scalar_t, V> (&)[VPL]) {}
   __device__ __forceinline__ void store_source(const Params& p, int64_t j, const Lanes& m, int k,
                                                bool) const {
     store_vec<scalar_t, V>(p.grad_key + j * p.HD + m.feat[k], gk[k]);
