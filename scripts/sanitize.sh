@@ -97,7 +97,8 @@ GAT=(
 # hub row (block-wide forward), every source a long CSC column (sliced CSC
 # pass), padded heads (48 channels on 16 lanes, 7 channels copied to 8),
 # edge features, dropout, bias and perm_inv, the record, and the transposed
-# forward (heads of 8 and 4 lanes, a padded head of 6 vectors in 8).
+# forward and CSC pass (heads of 8 and 4 lanes, a padded head of 6 vectors
+# in 8, with and without edge features).
 V=tests/test_channel_attention.py
 GATV2=(
   "$V::test_forward_matches_reference[8x50-E400-H8-D64-hub-float32-int32-e_feat-p0.5-gatv2-cuda]"
@@ -113,6 +114,10 @@ GATV2=(
   "$V::test_forward_both_layouts[H4-D32-float32-int32-gatv2]"
   "$V::test_forward_both_layouts[H4-D32-bfloat16-int64-gatv2]"
   "$V::test_forward_both_layouts[H3-D24-float32-int32-gatv2]"
+  "$V::test_backward_both_layouts[H4-D32-float32-int32-gatv2-edge]"
+  "$V::test_backward_both_layouts[H4-D32-bfloat16-int64-gatv2-no_edge]"
+  "$V::test_backward_both_layouts[H3-D24-float32-int32-gatv2-no_edge]"
+  "$V::test_backward_both_layouts[H2-D8-float64-int32-gatv2-edge]"
 )
 # The TransformerConv kernels (TransformerScore on the skeleton, its
 # transposed CSC pass, the destination pass that gathers the keys): the same
@@ -125,9 +130,9 @@ TRANSFORMER=(
   "$V::test_backward_matches_reference[25x25-E60-H2-D33-f16-i32-dropout-no_csc-transformer-cuda]"
   "$V::test_heads_and_channels[3-48-float32-transformer-cuda]"
   "$V::test_heads_and_channels[1-7-bfloat16-transformer-cuda]"
-  "$V::test_backward_both_layouts[H4-D32-float32-int32-transformer]"
-  "$V::test_backward_both_layouts[H3-D24-float32-int64-transformer]"
-  "$V::test_backward_both_layouts[H4-D32-bfloat16-int32-transformer]"
+  "$V::test_backward_both_layouts[H4-D32-float32-int32-transformer-edge]"
+  "$V::test_backward_both_layouts[H3-D24-float32-int64-transformer-no_edge]"
+  "$V::test_backward_both_layouts[H4-D32-bfloat16-int32-transformer-edge]"
   "$V::test_forward_both_layouts[H4-D32-float32-int32-transformer]"
   "$V::test_forward_both_layouts[H2-D32-float16-int64-transformer]"
 )
