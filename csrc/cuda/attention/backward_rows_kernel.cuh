@@ -478,7 +478,8 @@ __global__ void __launch_bounds__(kBackwardThreads,
       static_assert(VPL == 1, "one vector per lane");
       backward_row_transposed<kS>(acc, score.gsrc, p, j, lo, hi, m, lane, mask);
     } else if constexpr (kS != 0) {
-      static_assert(VPL == 1 && Score::kTransposedDot, "one vector per lane, a policy with a transposed pass");
+      static_assert(VPL == 1 && Score::kTransposedDot,
+                    "one vector per lane, a policy with a transposed pass");
       backward_row_transposed_dot<kS>(acc, score, p, j, lo, hi, m, lane, mask);
     } else {
       backward_row(acc, score, p, j, lo, hi, m, lane, mask);
