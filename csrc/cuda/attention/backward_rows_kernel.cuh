@@ -275,18 +275,20 @@ __device__ __forceinline__ void transpose_sums(acc_t (&d)[U], int q, unsigned ma
 // lane past the head's D / V vectors holds zeros and still takes its entry's
 // scalar work). backward_row runs a kS-lane butterfly per entry for
 // <grad_out[i], x[j]> (and the transformer's logit) and the softmax
-// arithmetic in every lane; here a step of U = 4 entries reduces the dots
-// with transposing butterflies (transpose_sums: 7 shuffles per dot and step
+// arithmetic in every lane; here a step of U entries reduces the dots with
+// transposing butterflies (transpose_sums: 7 shuffles per dot and step of 4
 // where backward_row takes 12 at kS = 8), lane q of a head does entry q %
-// 4's scalar work (its aux, the logit: summed from the policy's logit_part,
+// U's scalar work (its aux, the logit: summed from the policy's logit_part,
 // or read from GATv2's record with the entry's sign word; the dropout mask,
-// alpha, the logit gradient; lanes q < 4 store grad_z) and hands w, gl (and
+// alpha, the logit gradient; lanes q < U store grad_z) and hands w, gl (and
 // the word) to the head's lanes in one block of shuffles; the policy's
-// apply() does the entry's vector work in every lane. Four entries (not kS)
-// per step: the transformer's bring three row vectors each (grad_out[i],
-// the policy's row of i, e_feat[e]), and eight would hold 96 registers of
-// loads in flight. The pairs added are lanes_sum's, so every logit, alpha,
-// gradient and grad_z is bitwise backward_row's.
+// apply() does the entry's vector work in every lane. U is the policy's
+// transposed_step: the transformer's entries bring three row vectors each
+// (grad_out[i], the policy's row of i, e_feat[e]), so 4 (eight would hold
+// 96 registers of loads in flight); GATv2's one, so kS (float32 heads of 8
+// lanes: 55 SASS instructions an entry instead of 72 at 4, and twice the
+// gathers in flight a warp). The pairs added are lanes_sum's, so every
+// logit, alpha, gradient and grad_z is bitwise backward_row's.
 template <int kS, class Score, typename scalar_t, typename index_t, int V>
 __device__ __forceinline__ void backward_row_transposed_dot(
     at::opmath_type<scalar_t> (&acc)[1][V], Score& score,
@@ -294,7 +296,7 @@ __device__ __forceinline__ void backward_row_transposed_dot(
     const RowLanes<V, 1>& m, int lane, unsigned mask) {
   using acc_t = at::opmath_type<scalar_t>;
   static_assert(kS == 4 || kS == 8, "4 or 8 lanes per head");
-  constexpr int U = 4;  // entries per step
+  constexpr int U = Score::template transposed_step<kS>();  // entries per step
   constexpr bool kRecorded = Score::kRecorded;
   const auto* aux = static_cast<const RowAux<acc_t>*>(p.aux);
   const int q = lane & (kS - 1), qe = q & (U - 1);  // qe: this lane's entry of a step

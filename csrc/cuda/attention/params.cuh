@@ -123,15 +123,14 @@ constexpr int kBackwardTransposedMinBlocksHalf = 5;
 // 52 and 8 bytes of spill: 6-12% off its backward on the H200 against 4 and
 // 3); the transformer 4 and 3 (at 96 registers its float32 pass spilled 260
 // bytes and lost 9-14%). 255 registers at two vectors, one block at four;
-// float64 4. Their transposed pass takes kDotBlocks in float32 (the
-// policy's kTransposedMinBlocks), one fewer in 2-byte types, 4 in float64:
-// the transformer 4 and 3 (128 registers without spills in float32; at 128
-// in 2-byte types it spilled 430-610 bytes), GATv2 5 and 4.
+// float64 4. Their transposed pass takes kDotBlocks, the policy's
+// kTransposedMinBlocks for the dtype: the transformer 4, 3 in 2-byte types
+// (128 registers without spills in float32; at 128 in 2-byte types it
+// spilled 430-610 bytes); GATv2 4.
 template <typename scalar_t, int VPL, int kS, bool kScalar = true, int kDotBlocks = 4,
           int kRowBlocks = 4>
 constexpr int backward_min_blocks() {
-  if (!kScalar && kS != 0)
-    return sizeof(scalar_t) == 2 ? kDotBlocks - 1 : (sizeof(scalar_t) == 4 ? kDotBlocks : 4);
+  if (!kScalar && kS != 0) return kDotBlocks;
   if (!kScalar) {
     if (VPL >= 4) return 1;
     if (VPL == 2) return 2;

@@ -43,10 +43,12 @@
 //   store_range    after each fetch of the work list, the results summed
 //                  over a fixed range of sources (GATv2's grad_att shares).
 //   The transposed CSC pass (backward_row_transposed_dot, kTransposedDot)
-//   splits backward() instead: TEntry / load_tentry (an entry's vectors, in
-//   every lane), the logit (logit_part, summed by the pass, or with
-//   kRecorded read from the forward's record by one lane: load_record), and
-//   apply (the entry's vector work with that lane's w, gl and record word).
+//   splits backward() instead: transposed_step<kS> (entries per step),
+//   TEntry / load_tentry (an entry's vectors, in every lane), the logit
+//   (logit_part, summed by the pass, or with kRecorded read from the
+//   forward's record by one lane: load_record), apply (the entry's vector
+//   work with that lane's w, gl and record word) and, with kLateEdges,
+//   apply_edges (its edge features' work, after the step's).
 //
 // TransformerScore, TransformerConv's scaled dot product
 // scale * <q[i], k[j] (+ e)>, is the third: a destination row (q[i]) per
@@ -183,7 +185,8 @@ struct Gatv2Score {
   static constexpr bool kTransposedDot = true;
   static constexpr bool kRecorded = true;
   static constexpr bool kEdgeDot = false;
-  static constexpr int kTransposedMinBlocks = 5;  // (backward_min_blocks)
+  // (backward_min_blocks) float32 steps of 8 entries: 128 registers
+  static constexpr int kTransposedMinBlocks = 4;
   static constexpr int kRowMinBlocks = 5;  // (backward_min_blocks)
   static constexpr int kStepDivisor = 1;
 
@@ -476,6 +479,8 @@ struct Gatv2Score {
   // loaded by the entry's lane (a plain load of the logit, whose place its
   // gradient may take).
   static constexpr bool kLateEdges = true;
+  template <int kS>
+  static constexpr int transposed_step() { return kS; }
   struct TEntry {};
   __device__ __forceinline__ TEntry load_tentry(const Params&, const Lanes&, bool, index_t,
                                                 index_t) const {
@@ -663,7 +668,7 @@ struct TransformerScore {
   // so both passes give the same bits.
   static constexpr bool kTransposedDot = true;
   static constexpr bool kRecorded = false;  // the logit from logit_part
-  static constexpr int kTransposedMinBlocks = 4;
+  static constexpr int kTransposedMinBlocks = sizeof(scalar_t) == 2 ? 3 : 4;
   static constexpr int kRowMinBlocks = 4;  // (backward_min_blocks)
   static constexpr bool kEdgeDot = true;  // dot += <grad_out[i], e_feat[e]>
   using TEntry = BEntry;
@@ -674,6 +679,8 @@ struct TransformerScore {
   __device__ __forceinline__ void load_record(const Params&, bool, index_t, int, acc_t&,
                                               uint32_t&) const {}
   static constexpr bool kLateEdges = false;  // (apply does the edge features' work)
+  template <int kS>
+  static constexpr int transposed_step() { return 4; }
   __device__ __forceinline__ void apply_edges(const Params&, const Lanes&, int, int, bool, acc_t,
                                               uint32_t, int64_t) {}
   __device__ __forceinline__ acc_t logit_part(const Params&, int k, const BEntry& be,
