@@ -98,14 +98,16 @@ __device__ __forceinline__ void row_stats_heads(const AttentionParams<scalar_t, 
 // paths: entries e0..e0+U-1, of which the first `left` are the row's (none
 // past it or out of range: ok[u] false), their x vectors, then their logits
 // (score.logit: after the score's nonlinearity), stored as out[u][k] =
-// finish(use, logit) (kLoadsOnly, policies other than GAT: only the loads).
+// finish(use, logit) (kLoadsOnly, policies other than GAT: only the loads;
+// kEdges false: the caller knows there are no edge features, and the
+// policy's entry loads and adds none).
 // Every load is predicated, with no branch in between (see load_vec_if), and
 // all of a step's loads come before its arithmetic.
 // Entry tests in the index's width (EntryOffset, IndexBound) and row
 // addresses by row_at: with 32-bit indices one compare and one IMAD.WIDE
 // each instead of 64-bit arithmetic (utils/index.cuh).
-template <int U, class Score, bool kLoadsOnly = false, typename scalar_t, typename index_t,
-          int V, int VPL, typename Finish>
+template <int U, class Score, bool kLoadsOnly = false, bool kEdges = true, typename scalar_t,
+          typename index_t, int V, int VPL, typename Finish>
 __device__ __forceinline__ void load_attend_step(bool (&ok)[U], Vec<scalar_t, V> (&xv)[U][VPL],
                                                  typename Score::Entry (&en)[U][VPL],
                                                  at::opmath_type<scalar_t> (&out)[U][VPL],
@@ -127,7 +129,7 @@ __device__ __forceinline__ void load_attend_step(bool (&ok)[U], Vec<scalar_t, V>
     for (int k = 0; k < VPL; ++k) {
       const bool use = ok[u] && m.valid[k];
       xv[u][k] = load_vec_if<scalar_t, V>(use, row_at(p.x, j[u], p.HD) + m.feat[k]);
-      en[u][k] = score.load_entry(p, m, k, use, j[u], e0 + u);
+      en[u][k] = score.template load_entry<kEdges>(p, m, k, use, j[u], e0 + u);
       // scalar scores: no shuffle, the logit right after its loads
       if constexpr (Score::kScalar)
         out[u][k] = finish(use, score.logit(p, k, use, en[u][k], xv[u][k], mask, e0 + u));
@@ -378,7 +380,10 @@ struct TransposedSum {
 // one block of shuffles (two with dropout). The same expressions in the same
 // order as attend_heads_online (the maximum is exact, sum and acc take the
 // weights in entry order), so out, lse and the record are bitwise its.
-template <int kS, class Score, typename scalar_t, typename index_t, int V>
+// kEdges false (no edge features, the caller's uniform branch): no edge
+// vector loaded or added (GATv2 float32 heads of 8 lanes: 9 of 82 warp
+// instructions an entry).
+template <int kS, bool kEdges, class Score, typename scalar_t, typename index_t, int V>
 __device__ __forceinline__ void attend_heads_online_transposed(
     at::opmath_type<scalar_t> (&acc)[1][V], at::opmath_type<scalar_t> (&mx)[1],
     at::opmath_type<scalar_t> (&sum)[1], const AttentionParams<scalar_t, index_t>& p, int64_t lo,
@@ -403,8 +408,8 @@ __device__ __forceinline__ void attend_heads_online_transposed(
     Vec<scalar_t, V> xv[U][1];
     typename Score::Entry en[U][1];
     acc_t unused[U][1];
-    load_attend_step<U, Score, true>(ok, xv, en, unused, p, e0, left, m, score, mask,
-                                     [](bool, acc_t lk) { return lk; });
+    load_attend_step<U, Score, true, kEdges>(ok, xv, en, unused, p, e0, left, m, score, mask,
+                                             [](bool, acc_t lk) { return lk; });
     // this lane's parts of the step's logits and its sign bits of their z
     // (entry u's at bit u * V of the step's words)
     acc_t v[U];
@@ -412,7 +417,7 @@ __device__ __forceinline__ void attend_heads_online_transposed(
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       uint32_t b;
-      v[u] = score.lane_part_bits(p, 0, en[u][0], xv[u][0], b);
+      v[u] = score.template lane_part_bits<kEdges>(p, 0, en[u][0], xv[u][0], b);
       bits[(u * V) >> 5] |= b << ((u * V) & 31);
     }
     TS::sum(v, q, mask);
@@ -473,7 +478,7 @@ __device__ __forceinline__ void attend_heads_online_transposed(
       if (u >= left) break;  // group-uniform
       if (!(ok[u] && m.valid[0])) continue;
       sum[0] += wu[u];
-      score.aggregate(p, acc[0], wmu[u], xv[u][0], en[u][0]);
+      score.template aggregate<kEdges>(p, acc[0], wmu[u], xv[u][0], en[u][0]);
     }
   }
 }
@@ -552,7 +557,11 @@ __global__ void __launch_bounds__(
     } else {
       if constexpr (!Score::kScalar && kS != 0) {
         static_assert(VPL == 1, "one vector per lane");
-        attend_heads_online_transposed<kS>(acc, mx, sum, p, lo, hi, q, mask, m, score);
+        if (p.e_feat != nullptr) {  // uniform: a copy of the pass without edge features
+          attend_heads_online_transposed<kS, true>(acc, mx, sum, p, lo, hi, q, mask, m, score);
+        } else {
+          attend_heads_online_transposed<kS, false>(acc, mx, sum, p, lo, hi, q, mask, m, score);
+        }
       } else {
         attend_heads_online(acc, mx, sum, p, lo, hi, q, mask, m, score);
       }
@@ -584,7 +593,11 @@ __global__ void __launch_bounds__(
     acc_t mx[VPL], sum[VPL], acc[VPL][V];
     score.load_row(p, r, m);
     if constexpr (!Score::kScalar && kS != 0) {
-      attend_heads_online_transposed<kS>(acc, mx, sum, p, slo, shi, q, mask, m, score);
+      if (p.e_feat != nullptr) {  // uniform
+        attend_heads_online_transposed<kS, true>(acc, mx, sum, p, slo, shi, q, mask, m, score);
+      } else {
+        attend_heads_online_transposed<kS, false>(acc, mx, sum, p, slo, shi, q, mask, m, score);
+      }
     } else {
       attend_heads_online(acc, mx, sum, p, slo, shi, q, mask, m, score);
     }

@@ -100,6 +100,7 @@ struct GatScore {
   struct Entry {
     acc_t ssrc, sedge;
   };
+  template <bool kEdges = true>  // (GAT's edge scores are scalars: always read)
   __device__ __forceinline__ Entry load_entry(const Params& p, const Lanes& m, int k, bool use,
                                               index_t j, int64_t e) const {
     Entry en;
@@ -215,12 +216,17 @@ struct Gatv2Score {
   struct Entry {
     Vec<scalar_t, V> ef;
   };
+  // (kEdges false: no edge features, none loaded)
+  template <bool kEdges = true>
   __device__ __forceinline__ Entry load_entry(const Params& p, const Lanes& m, int k, bool use,
                                               index_t, int64_t e) const {
+    if constexpr (!kEdges) return {zero_vec<scalar_t, V>()};
     return {load_vec_if<scalar_t, V>(use && p.e_feat != nullptr, p.e_feat + e * p.HD + m.feat[k])};
   }
 
-  // sum over this lane's channels of att * leaky_relu(z), z = xl + xr + ef.
+  // sum over this lane's channels of att * leaky_relu(z), z = xl + xr + ef
+  // (kEdges false: z = xl + xr).
+  template <bool kEdges = true>
   __device__ __forceinline__ acc_t lane_logit(const Params& p, const acc_t (&a)[V],
                                               const Vec<scalar_t, V>& xl, const acc_t (&r)[V],
                                               const Vec<scalar_t, V>& ef, acc_t (&z)[V]) const {
@@ -231,7 +237,7 @@ struct Gatv2Score {
 #pragma unroll
     for (int v = 0; v < V; ++v) {
       z[v] = xw[v] + r[v];
-      z[v] += ew[v];
+      if constexpr (kEdges) z[v] += ew[v];
       part += a[v] * leaky(z[v], p.negative_slope);
     }
     return part;
@@ -302,11 +308,12 @@ struct Gatv2Score {
 
   // The transposed forward's part of entry e's logit, with this lane's sign
   // bits of its z (bit v: channel c0 + v) for record_signs.
+  template <bool kEdges = true>
   __device__ __forceinline__ acc_t lane_part_bits(const Params& p, int k, const Entry& en,
                                                   const Vec<scalar_t, V>& xv,
                                                   uint32_t& bits) const {
     acc_t z[V];
-    const acc_t part = lane_logit(p, at[k], xv, xr[k], en.ef, z);
+    const acc_t part = lane_logit<kEdges>(p, at[k], xv, xr[k], en.ef, z);
     bits = 0;
 #pragma unroll
     for (int v = 0; v < V; ++v) bits |= (z[v] > acc_t(0) ? 1u : 0u) << v;
@@ -366,6 +373,7 @@ struct Gatv2Score {
     record_logit(p, use && (lane & (p.S - 1)) == 0, (lane + p.G * k) >> p.log2S, e, l);
     return l;
   }
+  template <bool = true>
   __device__ __forceinline__ void aggregate(const Params&, acc_t (&acc)[V], acc_t w,
                                             const Vec<scalar_t, V>& xv, const Entry&) const {
     axpy_vec(acc, w, xv);
@@ -529,7 +537,8 @@ struct TransformerScore {
   static constexpr bool kScalar = false;
   static constexpr int kStepDivisor = 2;
 
-  // sum over this lane's channels of q * (k + e).
+  // sum over this lane's channels of q * (k + e) (kEdges false: q * k).
+  template <bool kEdges = true>
   static __device__ __forceinline__ acc_t lane_dot(const acc_t (&q)[V], const acc_t (&k)[V],
                                                    const Vec<scalar_t, V>& ef) {
     acc_t ew[V];
@@ -538,7 +547,7 @@ struct TransformerScore {
 #pragma unroll
     for (int v = 0; v < V; ++v) {
       acc_t kc = k[v];
-      kc += ew[v];
+      if constexpr (kEdges) kc += ew[v];
       part += q[v] * kc;
     }
     return part;
@@ -560,11 +569,14 @@ struct TransformerScore {
   struct Entry {
     Vec<scalar_t, V> kv, ef;
   };
+  template <bool kEdges = true>  // (false: no edge features, none loaded)
   __device__ __forceinline__ Entry load_entry(const Params& p, const Lanes& m, int k, bool use,
                                               index_t j, int64_t e) const {
     Entry en;
     en.kv = load_vec_if<scalar_t, V>(use, p.key + static_cast<int64_t>(j) * p.HD + m.feat[k]);
-    en.ef = load_vec_if<scalar_t, V>(use && p.e_feat != nullptr, p.e_feat + e * p.HD + m.feat[k]);
+    en.ef = kEdges ? load_vec_if<scalar_t, V>(use && p.e_feat != nullptr,
+                                              p.e_feat + e * p.HD + m.feat[k])
+                   : zero_vec<scalar_t, V>();
     return en;
   }
 
@@ -580,11 +592,13 @@ struct TransformerScore {
     return sum * p.score_scale;
   }
   __device__ __forceinline__ void record_logit(const Params&, bool, int, int64_t, acc_t) const {}
-  __device__ __forceinline__ acc_t lane_part_bits(const Params& p, int k, const Entry& en,
-                                                  const Vec<scalar_t, V>& xv,
-                                                  uint32_t& bits) const {
+  template <bool kEdges = true>
+  __device__ __forceinline__ acc_t lane_part_bits(const Params&, int k, const Entry& en,
+                                                  const Vec<scalar_t, V>&, uint32_t& bits) const {
     bits = 0;
-    return lane_part(p, k, true, en, xv, 0u, 0);
+    acc_t kw[V];
+    widen(en.kv, kw);
+    return lane_dot<kEdges>(xq[k], kw, en.ef);
   }
   template <int U>
   static constexpr int kStepWords = 1;
@@ -598,10 +612,11 @@ struct TransformerScore {
                                          int64_t e) const {
     return head_logit(p, lanes_sum(lane_part(p, k, use, en, xv, mask, e), p.S, mask));
   }
+  template <bool kEdges = true>
   __device__ __forceinline__ void aggregate(const Params& p, acc_t (&acc)[V], acc_t w,
                                             const Vec<scalar_t, V>& xv, const Entry& en) const {
     axpy_vec(acc, w, xv);
-    if (p.e_feat != nullptr) axpy_vec(acc, w, en.ef);  // uniform
+    if (kEdges && p.e_feat != nullptr) axpy_vec(acc, w, en.ef);  // uniform
   }
 
   // Backward. kj: the source's key; gk: its gradient.
