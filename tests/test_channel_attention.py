@@ -562,21 +562,23 @@ def test_backward_both_layouts(heads, channels, dtype, index_dtype, op, with_edg
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("with_edge", [True, False], ids=["edge", "no_edge"])
 @pytest.mark.parametrize("op", [GATV2, TRANSFORMER], ids=repr)
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("heads,channels,dtype", TRANSPOSED_LAYOUTS,
                          ids=[f"H{h}-D{c}-{dtype_id(d)}" for h, c, d in TRANSPOSED_LAYOUTS])
-def test_forward_both_layouts(heads, channels, dtype, index_dtype, op):
+def test_forward_both_layouts(heads, channels, dtype, index_dtype, op, with_edge):
     """The online forward with an entry's scalar work in one lane of its head
     (the default for heads of 4 or 8 lanes at one vector per lane: one
-    transposing butterfly sums a step's logits) or in every lane
-    (force_kernel_path(transposed=0)): with edge features, dropout and bias,
-    on a graph with a hub (block-wide rows), both match the float64
-    reference and agree bit for bit, GATv2's record included."""
+    transposing butterfly sums a step's logits; without edge features a copy
+    of that pass that loads none) or in every lane
+    (force_kernel_path(transposed=0)): with and without edge features, with
+    dropout and bias, on a graph with a hub (block-wide rows), both match the
+    float64 reference and agree bit for bit, GATv2's record included."""
     from pyg_multihead_agg._testing import force_kernel_path
     case = (40, 12, 900, heads, channels, True)
     inp = make_inputs(op, case, dtype, index_dtype, "cuda", seed=heads * 100 + channels,
-                      with_edge=True, with_bias=True)
+                      with_edge=with_edge, with_bias=True)
     kw = dict(dropout=0.3, philox=PHILOX.clone())
     got = []
     for layout in (0, 1):
