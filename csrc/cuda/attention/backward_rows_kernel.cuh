@@ -288,8 +288,10 @@ __device__ __forceinline__ void transpose_sums(acc_t (&d)[U], int q, unsigned ma
 // 96 registers of loads in flight); GATv2's one, so kS (float32 heads of 8
 // lanes: 55 SASS instructions an entry instead of 72 at 4, and twice the
 // gathers in flight a warp). The pairs added are lanes_sum's, so every
-// logit, alpha, gradient and grad_z is bitwise backward_row's.
-template <int kS, class Score, typename scalar_t, typename index_t, int V>
+// logit, alpha, gradient and grad_z is bitwise backward_row's. kEdges false
+// (no edge features or their gradient, the caller's uniform branch): no
+// edge vector loaded, added or stored, no edge id shared.
+template <int kS, bool kEdges, class Score, typename scalar_t, typename index_t, int V>
 __device__ __forceinline__ void backward_row_transposed_dot(
     at::opmath_type<scalar_t> (&acc)[1][V], Score& score,
     const AttentionParams<scalar_t, index_t>& p, int64_t j, int64_t lo, int64_t hi,
@@ -310,12 +312,12 @@ __device__ __forceinline__ void backward_row_transposed_dot(
   for (int v = 0; v < V; ++v) acc[0][v] = 0;
   score.load_source(p, j, m);
   const int HD = p.HD, H = p.H;
-  const bool edge_vectors = p.e_feat != nullptr;  // group-uniform
+  const bool edge_vectors = kEdges && p.e_feat != nullptr;  // group-uniform
   // kLateEdges (GATv2): the edge features' work after the step's vector
   // work, the only use of every entry's edge id there.
   constexpr bool kLate = Score::kLateEdges;
   const bool edge_ids =
-      edge_vectors || p.grad_e_feat != nullptr || (!kLate && p.perm_inv == nullptr);
+      kEdges && (edge_vectors || p.grad_e_feat != nullptr || (!kLate && p.perm_inv == nullptr));
   const IndexBound<index_t> gathered_ok(p.num_gathered), edge_ok(p.num_edges);
   using off_t = EntryOffset<index_t>;
   using Step = StepIndices<U, U, true, index_t>;  // lane q's own entry: qe
@@ -346,7 +348,8 @@ __device__ __forceinline__ void backward_row_transposed_dot(
     for (int u = 0; u < U; ++u) {
       const bool use = valid && u < left && gathered_ok(cur.i[u]);
       gv[u] = load_vec_if<scalar_t, V>(use, row_at(p.grad_out, cur.i[u], HD) + m.feat[0]);
-      te[u] = score.load_tentry(p, m, use && (!edge_vectors || edge_ok(eu[u])), cur.i[u], eu[u]);
+      te[u] = score.template load_tentry<kEdges>(p, m, use && (!edge_vectors || edge_ok(eu[u])),
+                                                 cur.i[u], eu[u]);
     }
     const bool ok = head_ok && qe < left && gathered_ok(cur.iq[0]) && edge_ok(cur.eq[0]);
     const RowAux<acc_t> ax = load_aux(ok, row_at(aux, cur.iq[0], H) + h);
@@ -359,10 +362,10 @@ __device__ __forceinline__ void backward_row_transposed_dot(
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       d[u] = vec_dot<scalar_t, V>(gv[u], xr[0]);
-      if constexpr (!kRecorded) l[u] = score.logit_part(p, 0, te[u], xr[0]);
+      if constexpr (!kRecorded) l[u] = score.template logit_part<kEdges>(p, 0, te[u], xr[0]);
       // + <grad_out[i], e_feat[e]> (the transformer), summed apart as its
       // backward() does
-      if constexpr (Score::kEdgeDot)
+      if constexpr (Score::kEdgeDot && kEdges)
         de[u] = edge_vectors ? vec_dot<scalar_t, V>(gv[u], te[u].ef) : acc_t(0);
     }
     transpose_sums<kS>(d, q, mask);
@@ -371,7 +374,7 @@ __device__ __forceinline__ void backward_row_transposed_dot(
       logit = score.scaled_logit(p, l[0]);
     }
     acc_t dot = d[0];
-    if constexpr (Score::kEdgeDot) {
+    if constexpr (Score::kEdgeDot && kEdges) {
       if (edge_vectors) {  // group-uniform
         transpose_sums<kS>(de, q, mask);
         dot += de[0];
@@ -411,8 +414,9 @@ __device__ __forceinline__ void backward_row_transposed_dot(
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t zi = p.perm_inv != nullptr ? lo + k0 + u : static_cast<int64_t>(eu[u]);
-      score.apply(p, m, 0, q, mask, !kLate && stores(u), wu[u], glu[u], wordu[u], gv[u], xr[0],
-                  te[u], acc[0], static_cast<int64_t>(eu[u]), zi);
+      score.template apply<kEdges>(p, m, 0, q, mask, !kLate && stores(u), wu[u], glu[u],
+                                   wordu[u], gv[u], xr[0], te[u], acc[0],
+                                   static_cast<int64_t>(eu[u]), zi);
     }
     if (kLate && edge_ids) {  // group-uniform
       share_ids();
@@ -482,7 +486,15 @@ __global__ void __launch_bounds__(kBackwardThreads,
     } else if constexpr (kS != 0) {
       static_assert(VPL == 1 && Score::kTransposedDot,
                     "one vector per lane, a policy with a transposed pass");
-      backward_row_transposed_dot<kS>(acc, score, p, j, lo, hi, m, lane, mask);
+      // (a copy without edge features where the step's entries carry them:
+      // the transformer's; GATv2's come after the step, kLateEdges)
+      if constexpr (Score::kLateEdges) {
+        backward_row_transposed_dot<kS, true>(acc, score, p, j, lo, hi, m, lane, mask);
+      } else if (p.e_feat != nullptr || p.grad_e_feat != nullptr) {  // uniform
+        backward_row_transposed_dot<kS, true>(acc, score, p, j, lo, hi, m, lane, mask);
+      } else {
+        backward_row_transposed_dot<kS, false>(acc, score, p, j, lo, hi, m, lane, mask);
+      }
     } else {
       backward_row(acc, score, p, j, lo, hi, m, lane, mask);
     }

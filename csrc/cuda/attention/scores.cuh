@@ -490,6 +490,7 @@ struct Gatv2Score {
   template <int kS>
   static constexpr int transposed_step() { return kS; }
   struct TEntry {};
+  template <bool = true>
   __device__ __forceinline__ TEntry load_tentry(const Params&, const Lanes&, bool, index_t,
                                                 index_t) const {
     return {};
@@ -500,6 +501,7 @@ struct Gatv2Score {
     l = ok ? row_at(p.logits, e, p.H)[h] : acc_t(0);
     word = RawLoad<4>::load(ok, row_at(p.bits, e, p.H) + h);
   }
+  template <bool = true>
   __device__ __forceinline__ void apply(const Params& p, const Lanes&, int k, int q, unsigned,
                                         bool, acc_t w, acc_t gl, uint32_t word,
                                         const Vec<scalar_t, V>& gv, const Vec<scalar_t, V>&,
@@ -687,9 +689,15 @@ struct TransformerScore {
   static constexpr int kRowMinBlocks = 4;  // (backward_min_blocks)
   static constexpr bool kEdgeDot = true;  // dot += <grad_out[i], e_feat[e]>
   using TEntry = BEntry;
+  // (kEdges false: no edge features, none loaded or stored)
+  template <bool kEdges = true>
   __device__ __forceinline__ TEntry load_tentry(const Params& p, const Lanes& m, bool use,
                                                 index_t i, index_t e) const {
-    return load_bentry(p, m, 0, use, i, e);
+    if constexpr (kEdges) return load_bentry(p, m, 0, use, i, e);
+    TEntry te;
+    te.qv = load_vec_if<scalar_t, V>(use, p.x_dst + static_cast<int64_t>(i) * p.HD + m.feat[0]);
+    te.ef = zero_vec<scalar_t, V>();
+    return te;
   }
   __device__ __forceinline__ void load_record(const Params&, bool, index_t, int, acc_t&,
                                               uint32_t&) const {}
@@ -698,15 +706,17 @@ struct TransformerScore {
   static constexpr int transposed_step() { return 4; }
   __device__ __forceinline__ void apply_edges(const Params&, const Lanes&, int, int, bool, acc_t,
                                               uint32_t, int64_t) {}
+  template <bool kEdges = true>
   __device__ __forceinline__ acc_t logit_part(const Params&, int k, const BEntry& be,
                                               const Vec<scalar_t, V>&) const {
     acc_t qw[V];
     widen(be.qv, qw);
-    return lane_dot(qw, kj[k], be.ef);
+    return lane_dot<kEdges>(qw, kj[k], be.ef);
   }
   __device__ __forceinline__ acc_t scaled_logit(const Params& p, acc_t l) const {
     return l * p.score_scale;
   }
+  template <bool kEdges = true>
   __device__ __forceinline__ void apply(const Params& p, const Lanes& m, int k, int, unsigned,
                                         bool store, acc_t w, acc_t gl, uint32_t,
                                         const Vec<scalar_t, V>& gv, const Vec<scalar_t, V>&,
@@ -722,7 +732,7 @@ struct TransformerScore {
       gk[k][v] += gkv;
       ge[v] = gvv + gkv;
     }
-    if (store && p.grad_e_feat != nullptr)
+    if (kEdges && store && p.grad_e_feat != nullptr)
       store_vec<scalar_t, V>(p.grad_e_feat + e * p.HD + m.feat[k], ge);
   }
 
