@@ -381,7 +381,7 @@ struct TransposedSum {
 // order as attend_heads_online (the maximum is exact, sum and acc take the
 // weights in entry order), so out, lse and the record are bitwise its.
 // kEdges false (no edge features, the caller's uniform branch): no edge
-// vector loaded or added (GATv2 float32 heads of 8 lanes: 9 of 82 warp
+// vector loaded or added (GATv2 float32 heads of 8 lanes: 11 of 82 warp
 // instructions an entry).
 template <int kS, bool kEdges, class Score, typename scalar_t, typename index_t, int V>
 __device__ __forceinline__ void attend_heads_online_transposed(

@@ -220,8 +220,12 @@ struct Gatv2Score {
   template <bool kEdges = true>
   __device__ __forceinline__ Entry load_entry(const Params& p, const Lanes& m, int k, bool use,
                                               index_t, int64_t e) const {
-    if constexpr (!kEdges) return {zero_vec<scalar_t, V>()};
-    return {load_vec_if<scalar_t, V>(use && p.e_feat != nullptr, p.e_feat + e * p.HD + m.feat[k])};
+    if constexpr (!kEdges) {
+      return {zero_vec<scalar_t, V>()};
+    } else {
+      return {load_vec_if<scalar_t, V>(use && p.e_feat != nullptr,
+                                       p.e_feat + e * p.HD + m.feat[k])};
+    }
   }
 
   // sum over this lane's channels of att * leaky_relu(z), z = xl + xr + ef
@@ -693,11 +697,14 @@ struct TransformerScore {
   template <bool kEdges = true>
   __device__ __forceinline__ TEntry load_tentry(const Params& p, const Lanes& m, bool use,
                                                 index_t i, index_t e) const {
-    if constexpr (kEdges) return load_bentry(p, m, 0, use, i, e);
-    TEntry te;
-    te.qv = load_vec_if<scalar_t, V>(use, p.x_dst + static_cast<int64_t>(i) * p.HD + m.feat[0]);
-    te.ef = zero_vec<scalar_t, V>();
-    return te;
+    if constexpr (kEdges) {
+      return load_bentry(p, m, 0, use, i, e);
+    } else {
+      TEntry te;
+      te.qv = load_vec_if<scalar_t, V>(use, p.x_dst + static_cast<int64_t>(i) * p.HD + m.feat[0]);
+      te.ef = zero_vec<scalar_t, V>();
+      return te;
+    }
   }
   __device__ __forceinline__ void load_record(const Params&, bool, index_t, int, acc_t&,
                                               uint32_t&) const {}
