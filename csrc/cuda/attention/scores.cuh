@@ -588,23 +588,23 @@ struct TransformerScore {
 
   // The logit's halves for the transposed forward (as Gatv2Score's; no
   // record) and the per-lane forward's logit.
+  template <bool kEdges = true>
   __device__ __forceinline__ acc_t lane_part(const Params&, int k, bool, const Entry& en,
                                              const Vec<scalar_t, V>&, unsigned, int64_t) const {
     acc_t kw[V];
     widen(en.kv, kw);
-    return lane_dot(xq[k], kw, en.ef);
+    return lane_dot<kEdges>(xq[k], kw, en.ef);
   }
   static __device__ __forceinline__ acc_t head_logit(const Params& p, acc_t sum) {
     return sum * p.score_scale;
   }
   __device__ __forceinline__ void record_logit(const Params&, bool, int, int64_t, acc_t) const {}
   template <bool kEdges = true>
-  __device__ __forceinline__ acc_t lane_part_bits(const Params&, int k, const Entry& en,
-                                                  const Vec<scalar_t, V>&, uint32_t& bits) const {
+  __device__ __forceinline__ acc_t lane_part_bits(const Params& p, int k, const Entry& en,
+                                                  const Vec<scalar_t, V>& xv,
+                                                  uint32_t& bits) const {
     bits = 0;
-    acc_t kw[V];
-    widen(en.kv, kw);
-    return lane_dot<kEdges>(xq[k], kw, en.ef);
+    return lane_part<kEdges>(p, k, true, en, xv, 0u, 0);
   }
   template <int U>
   static constexpr int kStepWords = 1;
