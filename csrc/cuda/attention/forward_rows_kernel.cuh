@@ -557,7 +557,8 @@ __global__ void __launch_bounds__(
     } else {
       if constexpr (!Score::kScalar && kS != 0) {
         static_assert(VPL == 1, "one vector per lane");
-        if (p.e_feat != nullptr) {  // uniform: a copy of the pass without edge features
+        // uniform: a copy of the pass without edge features
+        if (!Score::kEdgelessForward || p.e_feat != nullptr) {
           attend_heads_online_transposed<kS, true>(acc, mx, sum, p, lo, hi, q, mask, m, score);
         } else {
           attend_heads_online_transposed<kS, false>(acc, mx, sum, p, lo, hi, q, mask, m, score);
@@ -593,7 +594,7 @@ __global__ void __launch_bounds__(
     acc_t mx[VPL], sum[VPL], acc[VPL][V];
     score.load_row(p, r, m);
     if constexpr (!Score::kScalar && kS != 0) {
-      if (p.e_feat != nullptr) {  // uniform
+      if (!Score::kEdgelessForward || p.e_feat != nullptr) {  // uniform
         attend_heads_online_transposed<kS, true>(acc, mx, sum, p, slo, shi, q, mask, m, score);
       } else {
         attend_heads_online_transposed<kS, false>(acc, mx, sum, p, slo, shi, q, mask, m, score);

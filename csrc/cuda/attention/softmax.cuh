@@ -25,6 +25,18 @@ __device__ __forceinline__ float log_(float v) {
   return logf(v);
 }
 
+// a * b + c rounded once, whatever the compiler would contract: a sum that
+// two passes (or two copies of one) must give bitwise equal, where only one
+// of them also needs the product apart.
+template <typename T>
+__device__ __forceinline__ T fma_(T a, T b, T c) {
+  return fma(a, b, c);
+}
+template <>
+__device__ __forceinline__ float fma_(float a, float b, float c) {
+  return fmaf(a, b, c);
+}
+
 template <typename acc_t>
 __device__ __forceinline__ acc_t leaky(acc_t z, acc_t slope) {
   return z > acc_t(0) ? z : z * slope;
