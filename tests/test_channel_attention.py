@@ -523,12 +523,23 @@ TRANSPOSED_LAYOUTS = [(4, 32, torch.float32), (2, 16, torch.float32), (3, 24, to
                       (4, 8, torch.float32), (4, 16, torch.float64)]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("with_edge", [True, False], ids=["edge", "no_edge"])
-@pytest.mark.parametrize("op", [GATV2, TRANSFORMER], ids=repr)
-@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("heads,channels,dtype", TRANSPOSED_LAYOUTS,
-                         ids=[f"H{h}-D{c}-{dtype_id(d)}" for h, c, d in TRANSPOSED_LAYOUTS])
+def transposed_layout_cases(test):
+    """The cases of both layout tests: every layout of TRANSPOSED_LAYOUTS,
+    index dtype, GATv2 and the transformer, with and without edge features
+    (applied as the decorators would be, bottom first: the same test ids)."""
+    for mark in (
+            pytest.mark.parametrize(
+                "heads,channels,dtype", TRANSPOSED_LAYOUTS,
+                ids=[f"H{h}-D{c}-{dtype_id(d)}" for h, c, d in TRANSPOSED_LAYOUTS]),
+            pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id),
+            pytest.mark.parametrize("op", [GATV2, TRANSFORMER], ids=repr),
+            pytest.mark.parametrize("with_edge", [True, False], ids=["edge", "no_edge"]),
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")):
+        test = mark(test)
+    return test
+
+
+@transposed_layout_cases
 def test_backward_both_layouts(heads, channels, dtype, index_dtype, op, with_edge):
     """The CSC pass with an entry's scalar work in one lane of its head (the
     default for heads of 4 or 8 lanes) or in every lane
@@ -561,12 +572,7 @@ def test_backward_both_layouts(heads, channels, dtype, index_dtype, op, with_edg
             assert torch.equal(a, b), f"grad {name} differs between the layouts"
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("with_edge", [True, False], ids=["edge", "no_edge"])
-@pytest.mark.parametrize("op", [GATV2, TRANSFORMER], ids=repr)
-@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("heads,channels,dtype", TRANSPOSED_LAYOUTS,
-                         ids=[f"H{h}-D{c}-{dtype_id(d)}" for h, c, d in TRANSPOSED_LAYOUTS])
+@transposed_layout_cases
 def test_forward_both_layouts(heads, channels, dtype, index_dtype, op, with_edge):
     """The online forward with an entry's scalar work in one lane of its head
     (the default for heads of 4 or 8 lanes at one vector per lane: one
