@@ -103,6 +103,25 @@ def test_layer_bench_every_family_rows(tmp_path):
     assert "| ms / GAT |" in md and "TransformerConv(128, D, heads=H)" in md
 
 
+@pytest.mark.slow  # compiles the layer twice (about 30 s)
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_layer_bench_cuda_graph_rows_count_the_graphs_memory(tmp_path):
+    """A CUDA graph replay allocates nothing (its memory is the graph's pool,
+    taken while it was recorded): the reduce-overhead row's peak covers the
+    warm-up and the recording, so it is not below the plain compiled row's."""
+    rc = bench_layer.main(["--device", "cuda", "--shapes", "cora-like", "--dtypes", "float32",
+                           "--passes", "forward+backward", "--reduce-overhead",
+                           "--methods", "ours edge_index compiled(, reduce-overhead)?$",
+                           "--out", str(tmp_path)])
+    assert rc == 0
+    rows = {r["method"]: r for r in
+            json.loads((tmp_path / "layer_cuda.json").read_text())["rows"]}
+    compiled = rows["ours edge_index compiled"]
+    graphs = rows["ours edge_index compiled, reduce-overhead"]
+    assert compiled["check"] == "ok" and graphs["check"] == "ok"
+    assert graphs["peak_extra_bytes"] >= 0.9 * compiled["peak_extra_bytes"] > 0
+
+
 def test_layer_bench_default_is_gat_only(tmp_path):
     rc, rows, md = _layer_run(tmp_path, "--passes", "forward")
     assert rc == 0
