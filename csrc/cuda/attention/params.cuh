@@ -127,7 +127,7 @@ constexpr int kBackwardTransposedMinBlocksHalf = 5;
 // kTransposedMinBlocks for the dtype: the transformer 4, 3 in 2-byte types
 // (128 registers without spills in float32; at 128 in 2-byte types it
 // spilled 430-610 bytes); GATv2 3 in float32 (164 registers, steps of
-// 8 entries; at 4, 128 registers and 56 bytes of spill, 1.5% slower), 4.
+// 8 entries; at 4, 128 registers and 56 bytes of spill, 1.4-1.5% slower), 4.
 template <typename scalar_t, int VPL, int kS, bool kScalar = true, int kDotBlocks = 4,
           int kRowBlocks = 4>
 constexpr int backward_min_blocks() {

@@ -189,7 +189,7 @@ struct Gatv2Score {
   static constexpr bool kRecorded = true;
   static constexpr bool kEdgeDot = false;
   // (backward_min_blocks) float32 steps of 8 entries: 164 registers without
-  // spills at 3 blocks (at 4: 128 and 56 bytes of spill, 1.4% slower on
+  // spills at 3 blocks (at 4: 128 and 56 bytes of spill, 1.4-1.5% slower on
   // products-like, both at 46 GB of DRAM reads: a latency-bound pass)
   static constexpr int kTransposedMinBlocks = sizeof(scalar_t) == 4 ? 3 : 4;
   static constexpr int kRowMinBlocks = 5;  // (backward_min_blocks)
